@@ -1,0 +1,1 @@
+//! kvindex (placeholder).
