@@ -1,1 +1,69 @@
-//! kvindex (placeholder).
+//! `kvindex`: the index a KV-cache-aware LLM router consults.
+//!
+//! Inference workers publish [`KvEvent`]s as their KV caches change; the
+//! router asks, for a request's block hashes, how many leading blocks each
+//! worker already holds ([`KvIndexer::find_matches`]).
+//!
+//! * [`ConcurrentIndex`]: a concurrent compressed radix tree. Writers for
+//!   different workers run in parallel, readers never wait for more than one
+//!   short per-node critical section, and lookups never overcount.
+//! * [`ReferenceIndex`]: a sequential radix tree behind one `RwLock`; the
+//!   test oracle and benchmark baseline.
+//! * [`Lanes`]: N writer threads in front of any index, each worker pinned
+//!   to one lane so its events apply in order.
+//! * [`local_block_hashes`] / [`sequence_hashes`]: Dynamo-compatible hashing.
+//!
+//! See `docs/design.md` for the node layout and the concurrency protocol.
+#![deny(missing_docs, unsafe_op_in_unsafe_fn)]
+#![forbid(unsafe_code)]
+
+mod dump;
+pub mod event;
+pub mod hash;
+pub mod lanes;
+pub mod reference;
+pub mod scores;
+pub mod stats;
+pub mod tree;
+
+pub use event::{ApplyError, KvEvent, KvEventData, StoredBlock, WorkerKey};
+pub use hash::{
+    local_block_hashes, local_block_hashes_salted, next_sequence_hash, sequence_hashes, BlockSalt,
+    ExternalHash, LocalHash, XXH3_SEED,
+};
+pub use lanes::Lanes;
+pub use reference::ReferenceIndex;
+pub use scores::OverlapScores;
+pub use stats::{GapHandler, IndexStats};
+pub use tree::ConcurrentIndex;
+
+/// The operations every index provides. Both [`ConcurrentIndex`] and
+/// [`ReferenceIndex`] implement it.
+pub trait KvIndexer: Send + Sync {
+    /// Applies one event. Callers guarantee one worker's events are applied
+    /// by one thread at a time, in order.
+    ///
+    /// Event ids: an id below the worker's last one is a replayed duplicate
+    /// and is ignored; an id equal to it is applied again (events are
+    /// idempotent); an id past last + 1 is a gap: counted, reported to the
+    /// gap handler, and applied.
+    fn apply(&self, ev: &KvEvent) -> Result<(), ApplyError>;
+    /// For each worker, the number of leading `hashes` it holds.
+    fn find_matches(&self, hashes: &[LocalHash]) -> OverlapScores;
+    /// Number of blocks `w` holds.
+    fn worker_block_count(&self, w: WorkerKey) -> usize;
+    /// Forgets `w` entirely (its blocks and its event-id state).
+    fn remove_worker(&self, w: WorkerKey);
+    /// Events that rebuild an equal index when applied to a new one.
+    fn dump(&self) -> Vec<KvEvent>;
+    /// A short name for reports.
+    fn name(&self) -> &'static str;
+    /// Event counters.
+    fn stats(&self) -> IndexStats {
+        IndexStats::default()
+    }
+    /// The workers the index knows, sorted.
+    fn workers(&self) -> Vec<WorkerKey> {
+        Vec::new()
+    }
+}

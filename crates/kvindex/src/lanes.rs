@@ -1,0 +1,128 @@
+//! Writer lanes: N threads applying events to a shared index, each worker
+//! pinned to one lane so its events stay in order.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crossbeam_channel::{unbounded, Receiver, Sender};
+
+use crate::event::{KvEvent, WorkerKey};
+use crate::stats::IndexStats;
+use crate::KvIndexer;
+
+enum Msg {
+    Event(KvEvent),
+    Batch(Vec<KvEvent>),
+    Flush(Sender<()>),
+}
+
+/// N writer lanes (threads) in front of any [`KvIndexer`]; each worker is
+/// hashed to a fixed lane. Dropping `Lanes` drains and joins the threads.
+pub struct Lanes<I: KvIndexer + 'static> {
+    index: Arc<I>,
+    senders: Vec<Sender<Msg>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// The lane a worker's events go to, for `lanes` lanes.
+pub fn lane_of(w: WorkerKey, lanes: usize) -> usize {
+    let h = xxhash_rust::xxh3::xxh3_64(
+        &[w.worker_id.to_le_bytes(), (w.dp_rank as u64).to_le_bytes()].concat(),
+    );
+    (h % lanes.max(1) as u64) as usize
+}
+
+impl<I: KvIndexer + 'static> Lanes<I> {
+    /// Starts `lanes` writer threads (at least one) over `index`.
+    pub fn new(index: Arc<I>, lanes: usize) -> Self {
+        let lanes = lanes.max(1);
+        let mut senders = Vec::with_capacity(lanes);
+        let mut threads = Vec::with_capacity(lanes);
+        for i in 0..lanes {
+            let (tx, rx): (Sender<Msg>, Receiver<Msg>) = unbounded();
+            let idx = Arc::clone(&index);
+            let t = std::thread::Builder::new()
+                .name(format!("kvindex-lane-{i}"))
+                .spawn(move || {
+                    for m in rx {
+                        match m {
+                            // Errors are counted by the index; a lane keeps going.
+                            Msg::Event(ev) => {
+                                let _ = idx.apply(&ev);
+                            }
+                            Msg::Batch(evs) => {
+                                for ev in &evs {
+                                    let _ = idx.apply(ev);
+                                }
+                            }
+                            Msg::Flush(done) => {
+                                let _ = done.send(());
+                            }
+                        }
+                    }
+                })
+                .expect("spawn lane thread");
+            senders.push(tx);
+            threads.push(t);
+        }
+        Self {
+            index,
+            senders,
+            threads,
+        }
+    }
+
+    /// Number of lanes.
+    pub fn lanes(&self) -> usize {
+        self.senders.len()
+    }
+
+    /// Enqueues `ev` on its worker's lane without blocking.
+    pub fn submit(&self, ev: KvEvent) {
+        let lane = lane_of(ev.worker, self.senders.len());
+        // The receiver lives as long as `self`, so sending cannot fail.
+        let _ = self.senders[lane].send(Msg::Event(ev));
+    }
+
+    /// Enqueues events that all belong to workers of lane `lane` (see
+    /// [`lane_of`]) as one message; used by benchmarks to cut channel cost.
+    pub fn submit_batch(&self, lane: usize, evs: Vec<KvEvent>) {
+        let _ = self.senders[lane % self.senders.len()].send(Msg::Batch(evs));
+    }
+
+    /// Blocks until every event submitted before this call is applied.
+    pub fn flush(&self) {
+        let waits: Vec<_> = self
+            .senders
+            .iter()
+            .map(|s| {
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                let _ = s.send(Msg::Flush(tx));
+                rx
+            })
+            .collect();
+        for rx in waits {
+            let _ = rx.recv();
+        }
+    }
+
+    /// The index behind the lanes.
+    pub fn index(&self) -> &Arc<I> {
+        &self.index
+    }
+
+    /// The index's counters: events applied, gaps, unknown parents,
+    /// unknown removes, duplicates.
+    pub fn stats(&self) -> IndexStats {
+        self.index.stats()
+    }
+}
+
+impl<I: KvIndexer + 'static> Drop for Lanes<I> {
+    fn drop(&mut self) {
+        self.senders.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

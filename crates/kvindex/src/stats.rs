@@ -1,0 +1,97 @@
+//! Event-order bookkeeping shared by every index: counters, per-worker
+//! event-id clocks, gap detection and the gap callback.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::event::WorkerKey;
+
+/// Counters of what an index has seen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    /// Events applied (including those that only partly changed state).
+    pub events_applied: u64,
+    /// Events whose id skipped ahead of the worker's last id + 1.
+    pub gaps: u64,
+    /// `Stored` events rejected because their parent was not held.
+    pub unknown_parents: u64,
+    /// Removals of blocks the worker did not hold (no-ops).
+    pub unknown_removes: u64,
+    /// Replayed events (id below the worker's last id), ignored.
+    pub duplicates: u64,
+    /// Block insertions performed (new (worker, block) pairs).
+    pub blocks_stored: u64,
+    /// Block removals performed.
+    pub blocks_removed: u64,
+}
+
+/// A gap report: the worker, the id it expected, the id that arrived.
+pub type GapHandler = dyn Fn(WorkerKey, u64, u64) + Send + Sync;
+
+/// Atomic counters plus the optional gap handler.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub events_applied: AtomicU64,
+    pub gaps: AtomicU64,
+    pub unknown_parents: AtomicU64,
+    pub unknown_removes: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub blocks_stored: AtomicU64,
+    pub blocks_removed: AtomicU64,
+    gap_handler: RwLock<Option<Arc<GapHandler>>>,
+}
+
+/// What to do with an event given the worker's last applied id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Admit {
+    /// Apply it.
+    Apply,
+    /// Ignore it: an older id was replayed.
+    Duplicate,
+}
+
+impl Counters {
+    pub fn snapshot(&self) -> IndexStats {
+        IndexStats {
+            events_applied: self.events_applied.load(Relaxed),
+            gaps: self.gaps.load(Relaxed),
+            unknown_parents: self.unknown_parents.load(Relaxed),
+            unknown_removes: self.unknown_removes.load(Relaxed),
+            duplicates: self.duplicates.load(Relaxed),
+            blocks_stored: self.blocks_stored.load(Relaxed),
+            blocks_removed: self.blocks_removed.load(Relaxed),
+        }
+    }
+
+    pub fn set_gap_handler(&self, h: Option<Arc<GapHandler>>) {
+        *self.gap_handler.write() = h;
+    }
+
+    /// Event-id rule. `last` is the worker's last admitted id and is updated.
+    /// * first event of a worker, or `id == last + 1`: apply;
+    /// * `id == last`: apply again (every event kind is idempotent, and this
+    ///   lets a dump carry one id for all of a worker's events);
+    /// * `id < last`: a replayed duplicate, ignored and counted;
+    /// * `id > last + 1`: a gap, counted and reported, then applied.
+    pub fn admit(&self, w: WorkerKey, last: &mut Option<u64>, id: u64) -> Admit {
+        match *last {
+            Some(l) if id < l => {
+                self.duplicates.fetch_add(1, Relaxed);
+                return Admit::Duplicate;
+            }
+            Some(l) if id > l.wrapping_add(1) => {
+                self.gaps.fetch_add(1, Relaxed);
+                let h = self.gap_handler.read().clone();
+                if let Some(h) = h {
+                    h(w, l + 1, id);
+                }
+            }
+            _ => {}
+        }
+        *last = Some(id);
+        self.events_applied.fetch_add(1, Relaxed);
+        Admit::Apply
+    }
+}
