@@ -1,0 +1,533 @@
+//! Routing replay: a discrete-event simulation of a fleet of engines fed a
+//! workload through one routing policy.
+//!
+//! Time advances from event to event: request arrivals (from the workload)
+//! and request completions (from the engines' time model); at equal times
+//! completions go first so freed slots serve the arrival. On arrival the
+//! router picks a worker from the workers' loads and, for the KV-aware
+//! policy, the index's overlap scores; the engine queues the request and
+//! admits what it can, publishing `Stored`/`Removed` events that are applied
+//! to the index at once (the router's view is exact and immediate).
+//!
+//! Each run can record a per-worker [`Timeline`] of lookups (the request's
+//! hashes at arrival) and events, which the stress harness replays.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hdrhistogram::Histogram;
+use indicatif::ProgressBar;
+use kvindex::{KvEvent, KvIndexer, LocalHash, WorkerKey};
+use serde::Serialize;
+
+use crate::engine::{external_hashes, local_hash, Engine, EngineConfig, EngineRequest};
+use crate::policy::{KvCost, PolicyKind, Router, WorkerLoad};
+use crate::trace::Workload;
+
+/// Errors from a replay.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The index rejected an engine event (a bug in the engine or index).
+    #[error("index {index} rejected event {event_id} of worker {worker:?}: {message}")]
+    Index {
+        /// Index name.
+        index: &'static str,
+        /// Worker.
+        worker: WorkerKey,
+        /// Event id.
+        event_id: u64,
+        /// The index's error.
+        message: String,
+    },
+    /// Invalid fleet configuration.
+    #[error("invalid simulation setting: {0}")]
+    Config(String),
+}
+
+/// Fleet parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SimConfig {
+    /// Number of workers.
+    pub workers: usize,
+    /// Engine parameters.
+    pub engine: EngineConfig,
+    /// KV-aware cost knobs.
+    pub cost: KvCost,
+    /// Seed of the routers' RNGs.
+    pub seed: u64,
+}
+
+impl SimConfig {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), ReplayError> {
+        let e = &self.engine;
+        if self.workers == 0 || e.capacity_blocks == 0 || e.max_running == 0 || e.block_size == 0 {
+            return Err(ReplayError::Config(
+                "workers, KV blocks, batch size and block size must be at least 1".into(),
+            ));
+        }
+        let positive = |v: f64| v > 0.0 && v.is_finite();
+        if !positive(e.prefill_tps) || !positive(e.decode_tps) {
+            return Err(ReplayError::Config(
+                "prefill and decode speeds must be positive".into(),
+            ));
+        }
+        let non_negative = |v: f64| v >= 0.0 && v.is_finite();
+        if !non_negative(self.cost.temperature) || !non_negative(self.cost.overlap_weight) {
+            return Err(ReplayError::Config(
+                "temperature and overlap weight must be finite and >= 0".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One entry of a worker's timeline.
+#[derive(Debug, Clone)]
+pub enum TimelineEntry {
+    /// A lookup of a request's block hashes.
+    Query(Arc<[LocalHash]>),
+    /// An event the worker published.
+    Event(KvEvent),
+}
+
+/// Per-worker, time-ordered lookups and events (times in simulated µs).
+#[derive(Debug, Clone, Default)]
+pub struct Timeline {
+    /// `per_worker[w]` is worker `w`'s entries in time order.
+    pub per_worker: Vec<Vec<(u64, TimelineEntry)>>,
+}
+
+impl Timeline {
+    /// Latest timestamp.
+    pub fn span_us(&self) -> u64 {
+        self.per_worker
+            .iter()
+            .filter_map(|v| v.last().map(|e| e.0))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Number of block operations: hashes looked up, stored and removed.
+    pub fn block_ops(&self) -> u64 {
+        self.per_worker
+            .iter()
+            .flatten()
+            .map(|(_, e)| entry_block_ops(e))
+            .sum()
+    }
+}
+
+/// Block operations of one entry.
+pub fn entry_block_ops(e: &TimelineEntry) -> u64 {
+    match e {
+        TimelineEntry::Query(h) => h.len() as u64,
+        TimelineEntry::Event(ev) => match &ev.data {
+            kvindex::KvEventData::Stored { blocks, .. } => blocks.len() as u64,
+            kvindex::KvEventData::Removed { hashes } => hashes.len() as u64,
+            kvindex::KvEventData::Cleared => 1,
+        },
+    }
+}
+
+/// Results of one policy.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyOutcome {
+    /// The policy.
+    pub policy: PolicyKind,
+    /// Requests served.
+    pub requests: u64,
+    /// Prompt blocks requested.
+    pub blocks_requested: u64,
+    /// Prompt blocks found in the chosen worker's cache.
+    pub blocks_reused: u64,
+    /// `blocks_reused / blocks_requested`.
+    pub hit_rate: f64,
+    /// Prompt tokens computed.
+    pub prefill_tokens: u64,
+    /// TTFT percentiles, milliseconds.
+    pub ttft_p50_ms: f64,
+    /// 99th percentile TTFT, milliseconds.
+    pub ttft_p99_ms: f64,
+    /// Mean TTFT, milliseconds.
+    pub ttft_mean_ms: f64,
+    /// Busiest worker's work over the mean (work = prefill tokens computed
+    /// plus tokens decoded); 1.0 is perfect balance.
+    pub load_imbalance: f64,
+    /// Requests per worker, min and max.
+    pub requests_per_worker: (u64, u64),
+    /// Events the engines published.
+    pub events: u64,
+    /// Simulated time, seconds.
+    pub simulated_s: f64,
+    /// Wall time of the simulation, milliseconds.
+    pub wall_ms: f64,
+}
+
+/// What a simulation leaves behind.
+pub struct SimRun {
+    /// Summary.
+    pub outcome: PolicyOutcome,
+    /// The engines in their final state.
+    pub engines: Vec<Engine>,
+    /// Lookups and events, when recorded.
+    pub timeline: Option<Timeline>,
+}
+
+/// Precomputed local hashes of each request.
+pub fn request_hashes(w: &Workload) -> Vec<Arc<[LocalHash]>> {
+    w.requests
+        .iter()
+        .map(|r| r.blocks.iter().map(|&b| local_hash(b)).collect())
+        .collect()
+}
+
+/// The worker key of worker number `i`.
+pub fn worker_key(i: usize) -> WorkerKey {
+    WorkerKey {
+        worker_id: i as u64,
+        dp_rank: 0,
+    }
+}
+
+/// Runs `workload` through `cfg.workers` engines routed by `policy`. The
+/// KV-aware policy consults `index`, which must start empty; other policies
+/// ignore it. `hashes` comes from [`request_hashes`].
+pub fn simulate(
+    workload: &Workload,
+    hashes: &[Arc<[LocalHash]>],
+    cfg: &SimConfig,
+    policy: PolicyKind,
+    index: Option<&dyn KvIndexer>,
+    record_timeline: bool,
+    progress: &ProgressBar,
+) -> Result<SimRun, ReplayError> {
+    cfg.validate()?;
+    let started = Instant::now();
+    let n = cfg.workers;
+    let mut engines: Vec<Engine> = (0..n)
+        .map(|i| Engine::new(worker_key(i), cfg.engine))
+        .collect();
+    let mut router = Router::new(policy, cfg.cost, cfg.seed ^ 0x5EED);
+    let mut timeline = record_timeline.then(|| Timeline {
+        per_worker: vec![Vec::new(); n],
+    });
+    let index = if policy == PolicyKind::KvAware {
+        index
+    } else {
+        None
+    };
+    let mut ttft = Histogram::<u64>::new_with_bounds(1, 1 << 42, 3).expect("histogram bounds");
+    let mut ttft_sum = 0f64;
+    let mut done: BinaryHeap<Reverse<(u64, usize, usize)>> = BinaryHeap::new();
+    let mut events: Vec<(u64, KvEvent)> = Vec::new();
+    let mut loads = vec![WorkerLoad::default(); n];
+    let mut overlaps = vec![0u32; n];
+    let (mut blocks_requested, mut blocks_reused, mut prefill_tokens, mut n_events) =
+        (0u64, 0u64, 0u64, 0u64);
+    let mut last_t = 0u64;
+
+    let mut next = 0usize;
+    let reqs = &workload.requests;
+    loop {
+        let next_arrival = reqs.get(next).map(|r| r.arrival_us);
+        let next_done = done.peek().map(|Reverse(d)| d.0);
+        let (now, worker) = match (next_arrival, next_done) {
+            (None, None) => break,
+            (Some(a), Some(d)) if d <= a => {
+                let Reverse((t, w, id)) = done.pop().expect("peeked");
+                engines[w].finish(id);
+                (t, w)
+            }
+            (None, Some(_)) => {
+                let Reverse((t, w, id)) = done.pop().expect("peeked");
+                engines[w].finish(id);
+                (t, w)
+            }
+            (Some(a), _) => {
+                let i = next;
+                next += 1;
+                if next % 1024 == 0 {
+                    progress.inc(1024);
+                }
+                let r = &reqs[i];
+                let h = &hashes[i];
+                for (l, e) in loads.iter_mut().zip(&engines) {
+                    *l = WorkerLoad {
+                        active_blocks: e.active_blocks(),
+                        pending_prefill_blocks: e.pending_prefill_blocks(a),
+                        active_requests: e.active_requests() as u64,
+                    };
+                }
+                if let Some(ix) = index {
+                    let scores = ix.find_matches(h);
+                    overlaps.iter_mut().for_each(|o| *o = 0);
+                    for (wk, s) in scores.iter() {
+                        if let Some(o) = overlaps.get_mut(wk.worker_id as usize) {
+                            *o = s;
+                        }
+                    }
+                }
+                let w = router.choose(h.len() as u64, &loads, &overlaps);
+                if let Some(tl) = timeline.as_mut() {
+                    tl.per_worker[w].push((a, TimelineEntry::Query(h.clone())));
+                }
+                engines[w].enqueue(EngineRequest {
+                    id: i,
+                    arrival_us: r.arrival_us,
+                    input_tokens: r.input_tokens,
+                    output_tokens: r.output_tokens,
+                    locals: h.to_vec(),
+                    exts: external_hashes(worker_key(w), &r.blocks),
+                });
+                (a, w)
+            }
+        };
+        last_t = last_t.max(now);
+        let admitted = engines[worker].schedule(now, &mut events);
+        for a in admitted {
+            blocks_requested += a.prompt_blocks as u64;
+            blocks_reused += a.hit_blocks as u64;
+            prefill_tokens += a.prefill_tokens;
+            ttft.saturating_record(a.ttft_us.max(1));
+            ttft_sum += a.ttft_us as f64;
+            done.push(Reverse((a.done_us, worker, a.id)));
+        }
+        for (t, ev) in events.drain(..) {
+            n_events += 1;
+            if let Some(ix) = index {
+                ix.apply(&ev).map_err(|e| ReplayError::Index {
+                    index: ix.name(),
+                    worker: ev.worker,
+                    event_id: ev.event_id,
+                    message: e.to_string(),
+                })?;
+            }
+            if let Some(tl) = timeline.as_mut() {
+                tl.per_worker[worker].push((t, TimelineEntry::Event(ev)));
+            }
+        }
+    }
+    progress.inc((reqs.len() % 1024) as u64);
+
+    let work: Vec<f64> = engines.iter().map(|e| e.work_tokens as f64).collect();
+    let mean = work.iter().sum::<f64>() / n as f64;
+    let max = work.iter().copied().fold(0.0, f64::max);
+    let served: Vec<u64> = engines.iter().map(|e| e.served).collect();
+    let count = ttft.len().max(1);
+    let outcome = PolicyOutcome {
+        policy,
+        requests: ttft.len(),
+        blocks_requested,
+        blocks_reused,
+        hit_rate: if blocks_requested == 0 {
+            0.0
+        } else {
+            blocks_reused as f64 / blocks_requested as f64
+        },
+        prefill_tokens,
+        ttft_p50_ms: ttft.value_at_quantile(0.5) as f64 / 1000.0,
+        ttft_p99_ms: ttft.value_at_quantile(0.99) as f64 / 1000.0,
+        ttft_mean_ms: ttft_sum / count as f64 / 1000.0,
+        load_imbalance: if mean > 0.0 { max / mean } else { 1.0 },
+        requests_per_worker: (
+            served.iter().copied().min().unwrap_or(0),
+            served.iter().copied().max().unwrap_or(0),
+        ),
+        events: n_events,
+        simulated_s: last_t as f64 / 1e6,
+        wall_ms: started.elapsed().as_secs_f64() * 1000.0,
+    };
+    Ok(SimRun {
+        outcome,
+        engines,
+        timeline,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{generate, SynthConfig};
+    use kvindex::{ConcurrentIndex, KvEventData, ReferenceIndex};
+    use std::collections::BTreeSet;
+
+    fn workload() -> Workload {
+        generate(&SynthConfig {
+            duration_s: 60.0,
+            session_rate: 4.0,
+            system_prompts: 8,
+            ..Default::default()
+        })
+        .unwrap()
+        .workload
+    }
+
+    fn cfg(capacity: usize) -> SimConfig {
+        SimConfig {
+            workers: 4,
+            engine: EngineConfig {
+                capacity_blocks: capacity,
+                ..EngineConfig::default()
+            },
+            cost: KvCost::default(),
+            seed: 1,
+        }
+    }
+
+    fn run(w: &Workload, c: &SimConfig, p: PolicyKind, ix: Option<&dyn KvIndexer>) -> SimRun {
+        let h = request_hashes(w);
+        simulate(w, &h, c, p, ix, true, &ProgressBar::hidden()).unwrap()
+    }
+
+    #[test]
+    fn capacity_is_never_exceeded_and_evictions_are_reported() {
+        let w = workload();
+        let c = cfg(300);
+        let r = run(&w, &c, PolicyKind::Random, None);
+        let tl = r.timeline.unwrap();
+        for (wi, entries) in tl.per_worker.iter().enumerate() {
+            // Replay the worker's events into a set: it never holds more
+            // than the capacity, every removal names a held block, and what
+            // is left is exactly the pool.
+            let mut held: BTreeSet<(u64, u64)> = BTreeSet::new();
+            let mut removed = 0usize;
+            let mut last_t = 0;
+            for (t, e) in entries {
+                assert!(*t >= last_t, "timeline out of order");
+                last_t = *t;
+                if let TimelineEntry::Event(ev) = e {
+                    match &ev.data {
+                        KvEventData::Stored { blocks, .. } => {
+                            for b in blocks {
+                                assert!(held.insert((b.external.0, b.local.0)));
+                            }
+                        }
+                        KvEventData::Removed { hashes } => {
+                            for h in hashes {
+                                let before = held.len();
+                                held.retain(|x| x.0 != h.0);
+                                assert_eq!(held.len() + 1, before, "removed an absent block");
+                                removed += 1;
+                            }
+                        }
+                        KvEventData::Cleared => unreachable!(),
+                    }
+                    assert!(held.len() <= c.engine.capacity_blocks);
+                }
+            }
+            assert_eq!(held, r.engines[wi].pool().contents());
+            if wi == 0 {
+                assert!(removed > 0, "small pools must evict");
+            }
+        }
+        assert_eq!(r.outcome.requests as usize, w.requests.len());
+    }
+
+    #[test]
+    fn replaying_events_into_kvindex_reproduces_the_caches() {
+        let w = workload();
+        let c = cfg(400);
+        let r = run(&w, &c, PolicyKind::RoundRobin, None);
+        let tl = r.timeline.unwrap();
+        let indexes: Vec<Box<dyn KvIndexer>> = vec![
+            Box::new(ConcurrentIndex::new()),
+            Box::new(ReferenceIndex::new()),
+        ];
+        for ix in &indexes {
+            for entries in &tl.per_worker {
+                for (_, e) in entries {
+                    if let TimelineEntry::Event(ev) = e {
+                        ix.apply(ev).unwrap();
+                    }
+                }
+            }
+            for (wi, eng) in r.engines.iter().enumerate() {
+                let key = worker_key(wi);
+                assert_eq!(
+                    ix.worker_block_count(key),
+                    eng.pool().len(),
+                    "{}",
+                    ix.name()
+                );
+                let mut dumped = BTreeSet::new();
+                for ev in ix.dump() {
+                    if ev.worker != key {
+                        continue;
+                    }
+                    if let KvEventData::Stored { blocks, .. } = ev.data {
+                        dumped.extend(blocks.iter().map(|b| (b.external.0, b.local.0)));
+                    }
+                }
+                assert_eq!(dumped, eng.pool().contents(), "{}", ix.name());
+            }
+            // Lookups agree with the pools: each worker's overlap is the
+            // cached prefix length of its own sequence hashes.
+            for (i, req) in w.requests.iter().enumerate().step_by(7) {
+                let h: Vec<_> = req.blocks.iter().map(|&b| local_hash(b)).collect();
+                let scores = ix.find_matches(&h);
+                for (wi, eng) in r.engines.iter().enumerate() {
+                    let exts = external_hashes(worker_key(wi), &req.blocks);
+                    assert_eq!(
+                        scores.get(worker_key(wi)) as usize,
+                        eng.pool().cached_prefix(&exts),
+                        "request {i} worker {wi} {}",
+                        ix.name()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn kv_aware_beats_random_on_shared_prefixes() {
+        let w = workload();
+        let mut c = cfg(4000);
+        c.workers = 8;
+        let random = run(&w, &c, PolicyKind::Random, None).outcome;
+        let ix = ConcurrentIndex::new();
+        let kv = run(&w, &c, PolicyKind::KvAware, Some(&ix)).outcome;
+        let bound = w.infinite_cache_hit_rate();
+        assert!(
+            kv.hit_rate > random.hit_rate + 0.05,
+            "kv {} random {}",
+            kv.hit_rate,
+            random.hit_rate
+        );
+        assert!(kv.hit_rate <= bound + 1e-9);
+        assert!(kv.prefill_tokens < random.prefill_tokens);
+        assert_eq!(kv.blocks_requested, random.blocks_requested);
+    }
+
+    #[test]
+    fn bad_settings_are_rejected() {
+        let w = workload();
+        let mut c = cfg(10);
+        c.workers = 0;
+        let h = request_hashes(&w);
+        assert!(simulate(
+            &w,
+            &h,
+            &c,
+            PolicyKind::Random,
+            None,
+            false,
+            &ProgressBar::hidden()
+        )
+        .is_err());
+        let mut c = cfg(10);
+        c.engine.prefill_tps = 0.0;
+        assert!(simulate(
+            &w,
+            &h,
+            &c,
+            PolicyKind::Random,
+            None,
+            false,
+            &ProgressBar::hidden()
+        )
+        .is_err());
+    }
+}
