@@ -1,45 +1,228 @@
-//! The concurrent compressed radix tree (placeholder: wraps the reference).
+//! The concurrent compressed radix tree ("CRTC"-style) index.
+//!
+//! * `node.rs`: node layout, child storage, split.
+//! * `write.rs`: applying events (store, remove, clear), merging, unlinking.
+//! * `read.rs`: `find_matches`.
+//! * `snapshot.rs`: dump.
+//!
+//! The protocol is described in `docs/design.md`.
 
-use crate::{
-    ApplyError, IndexStats, KvEvent, KvIndexer, LocalHash, OverlapScores, ReferenceIndex, WorkerKey,
-};
+mod node;
+mod read;
+mod snapshot;
+mod write;
 
-/// The concurrent index.
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+
+use hashbrown::HashMap;
+use parking_lot::{Mutex, RwLock};
+
+use crate::event::{ApplyError, KvEvent, KvEventData, WorkerKey};
+use crate::hash::{ExternalHash, LocalHash};
+use crate::scores::OverlapScores;
+use crate::stats::{Admit, Counters, GapHandler, IndexStats};
+use crate::KvIndexer;
+use node::{Node, NodeRef, Wid};
+
+type FMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Where a worker's block lives: a node hint and the block's absolute
+/// depth. The hint may be stale after splits and merges; `lock_loc`
+/// resolves it by following `link` (tail or forward) pointers.
+pub(crate) struct Loc {
+    node: NodeRef,
+    depth: u32,
+}
+
+/// Writer-side state of one worker. Only the thread applying that worker's
+/// event touches it (the mutex is uncontended in normal operation).
+pub(crate) struct WorkerState {
+    id: Wid,
+    last_event_id: Option<u64>,
+    blocks: FMap<ExternalHash, Loc>,
+}
+
+struct WorkerEntry {
+    /// Mirror of `blocks.len()` so counts never wait for a writer.
+    count: AtomicUsize,
+    state: Mutex<WorkerState>,
+}
+
 #[derive(Default)]
+struct Registry {
+    ids: FMap<WorkerKey, Wid>,
+    keys: Vec<WorkerKey>,
+}
+
+/// The concurrent compressed radix tree index.
+///
+/// Writers for different workers run in parallel (each touches only the
+/// nodes on its own path, one or two node locks at a time); readers take one
+/// short read lock per node visited and never overcount.
 pub struct ConcurrentIndex {
-    inner: ReferenceIndex,
+    root: NodeRef,
+    registry: RwLock<Registry>,
+    workers: RwLock<FMap<WorkerKey, Arc<WorkerEntry>>>,
+    counters: Counters,
+}
+
+impl Default for ConcurrentIndex {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl ConcurrentIndex {
     /// An empty index.
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            root: Arc::new(RwLock::new(Node::default())),
+            registry: RwLock::new(Registry::default()),
+            workers: RwLock::new(FMap::default()),
+            counters: Counters::default(),
+        }
     }
+
+    /// Installs (or clears) the callback invoked on every event-id gap with
+    /// (worker, expected id, received id); use it to trigger recovery.
+    pub fn set_gap_handler(&self, h: Option<Arc<GapHandler>>) {
+        self.counters.set_gap_handler(h);
+    }
+
+    fn intern(&self, w: WorkerKey) -> Wid {
+        if let Some(&id) = self.registry.read().ids.get(&w) {
+            return id;
+        }
+        let mut r = self.registry.write();
+        if let Some(&id) = r.ids.get(&w) {
+            return id;
+        }
+        let id = r.keys.len() as Wid;
+        r.keys.push(w);
+        r.ids.insert(w, id);
+        id
+    }
+
+    fn entry(&self, w: WorkerKey) -> Arc<WorkerEntry> {
+        if let Some(e) = self.workers.read().get(&w) {
+            return Arc::clone(e);
+        }
+        let id = self.intern(w);
+        let mut g = self.workers.write();
+        Arc::clone(g.entry(w).or_insert_with(|| {
+            Arc::new(WorkerEntry {
+                count: AtomicUsize::new(0),
+                state: Mutex::new(WorkerState {
+                    id,
+                    last_event_id: None,
+                    blocks: FMap::default(),
+                }),
+            })
+        }))
+    }
+
+    /// Structural statistics: (live nodes excluding the root, total run
+    /// length, nodes with children allocated as a map). Walks the tree.
+    pub fn tree_shape(&self) -> TreeShape {
+        let mut shape = TreeShape::default();
+        let mut stack = vec![Arc::clone(&self.root)];
+        while let Some(n) = stack.pop() {
+            let g = n.read();
+            if !Arc::ptr_eq(&n, &self.root) {
+                shape.nodes += 1;
+                shape.blocks += g.blocks.len();
+                shape.holder_blocks += g.blocks.len() * g.workers.len();
+            }
+            if matches!(g.children, node::Children::Many(_)) {
+                shape.map_children += 1;
+            }
+            for (_, c) in g.children.iter() {
+                stack.push(Arc::clone(c));
+            }
+        }
+        shape
+    }
+}
+
+/// Shape of a [`ConcurrentIndex`] tree (see [`ConcurrentIndex::tree_shape`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeShape {
+    /// Live nodes, root excluded.
+    pub nodes: usize,
+    /// Blocks in all runs (distinct block paths).
+    pub blocks: usize,
+    /// Sum over nodes of run length times holders ((worker, block) pairs).
+    pub holder_blocks: usize,
+    /// Nodes whose children live in a hash map (two or more children).
+    pub map_children: usize,
 }
 
 impl KvIndexer for ConcurrentIndex {
     fn apply(&self, ev: &KvEvent) -> Result<(), ApplyError> {
-        self.inner.apply(ev)
+        let entry = self.entry(ev.worker);
+        let mut st = entry.state.lock();
+        let st = &mut *st;
+        if self
+            .counters
+            .admit(ev.worker, &mut st.last_event_id, ev.event_id)
+            == Admit::Duplicate
+        {
+            return Ok(());
+        }
+        let r = match &ev.data {
+            KvEventData::Stored { parent, blocks } => self.stored(st, ev, *parent, blocks),
+            KvEventData::Removed { hashes } => {
+                self.removed(st, hashes);
+                Ok(())
+            }
+            KvEventData::Cleared => {
+                self.clear(st);
+                Ok(())
+            }
+        };
+        entry.count.store(st.blocks.len(), Relaxed);
+        r
     }
+
     fn find_matches(&self, hashes: &[LocalHash]) -> OverlapScores {
-        self.inner.find_matches(hashes)
+        self.find(hashes)
     }
+
     fn worker_block_count(&self, w: WorkerKey) -> usize {
-        self.inner.worker_block_count(w)
+        self.workers
+            .read()
+            .get(&w)
+            .map_or(0, |e| e.count.load(Relaxed))
     }
+
     fn remove_worker(&self, w: WorkerKey) {
-        self.inner.remove_worker(w)
+        let Some(entry) = self.workers.read().get(&w).cloned() else {
+            return;
+        };
+        {
+            let mut st = entry.state.lock();
+            self.clear(&mut st);
+            entry.count.store(0, Relaxed);
+        }
+        self.workers.write().remove(&w);
     }
+
     fn dump(&self) -> Vec<KvEvent> {
-        self.inner.dump()
+        self.dump_events()
     }
+
     fn name(&self) -> &'static str {
         "concurrent"
     }
+
     fn stats(&self) -> IndexStats {
-        self.inner.stats()
+        self.counters.snapshot()
     }
+
     fn workers(&self) -> Vec<WorkerKey> {
-        self.inner.workers()
+        let mut v: Vec<_> = self.workers.read().keys().copied().collect();
+        v.sort_unstable();
+        v
     }
 }

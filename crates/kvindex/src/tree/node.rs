@@ -1,0 +1,200 @@
+//! Node layout of the concurrent compressed radix tree.
+//!
+//! A node is an `Arc<parking_lot::RwLock<Node>>`. It holds a *run* of local
+//! hashes (the compressed edge), the sorted set of workers that hold the
+//! whole run, and its children keyed by their first local hash. Child
+//! storage grows `None -> One -> Many` and worker sets stay inline up to
+//! four workers, so a leaf held by a few workers makes no allocation besides
+//! the node itself (and its run, past two blocks).
+
+use std::sync::Arc;
+
+use hashbrown::HashMap;
+use parking_lot::{RawRwLock, RwLock};
+use smallvec::SmallVec;
+
+use crate::hash::LocalHash;
+
+/// Shared handle to a node.
+pub(crate) type NodeRef = Arc<RwLock<Node>>;
+/// Owned write guard (keeps its node alive; allows hand-over-hand locking).
+pub(crate) type WGuard = parking_lot::ArcRwLockWriteGuard<RawRwLock, Node>;
+
+/// Interned worker id (index into the worker registry).
+pub(crate) type Wid = u32;
+
+/// Sorted, deduplicated set of interned worker ids.
+pub(crate) type WorkerSet = SmallVec<[Wid; 4]>;
+
+/// Run of local hashes.
+pub(crate) type Run = SmallVec<[LocalHash; 2]>;
+
+type ChildMap = HashMap<LocalHash, NodeRef, foldhash::fast::RandomState>;
+
+/// A node's children, allocated only when first needed.
+#[derive(Default)]
+pub(crate) enum Children {
+    /// A leaf (most nodes).
+    #[default]
+    None,
+    /// Exactly one child: no map allocated.
+    One(LocalHash, NodeRef),
+    /// Two or more children.
+    Many(Box<ChildMap>),
+}
+
+impl Children {
+    pub fn get(&self, k: &LocalHash) -> Option<&NodeRef> {
+        match self {
+            Children::None => None,
+            Children::One(key, n) => (key == k).then_some(n),
+            Children::Many(m) => m.get(k),
+        }
+    }
+
+    pub fn is_none(&self) -> bool {
+        matches!(self, Children::None)
+    }
+
+    /// The only child, if there is exactly one.
+    pub fn single(&self) -> Option<&NodeRef> {
+        match self {
+            Children::One(_, n) => Some(n),
+            Children::Many(m) if m.len() == 1 => m.values().next(),
+            _ => None,
+        }
+    }
+
+    pub fn insert(&mut self, k: LocalHash, n: NodeRef) {
+        match std::mem::take(self) {
+            Children::None => *self = Children::One(k, n),
+            Children::One(k0, n0) => {
+                let mut m = ChildMap::default();
+                m.insert(k0, n0);
+                m.insert(k, n);
+                *self = Children::Many(Box::new(m));
+            }
+            Children::Many(mut m) => {
+                m.insert(k, n);
+                *self = Children::Many(m);
+            }
+        }
+    }
+
+    /// Removes the child keyed `k`; shrinks `Many` back to `One`/`None`.
+    pub fn remove(&mut self, k: &LocalHash) -> Option<NodeRef> {
+        match std::mem::take(self) {
+            Children::None => None,
+            Children::One(k0, n0) => {
+                if &k0 == k {
+                    Some(n0)
+                } else {
+                    *self = Children::One(k0, n0);
+                    None
+                }
+            }
+            Children::Many(mut m) => {
+                let r = m.remove(k);
+                *self = match m.len() {
+                    0 => Children::None,
+                    1 => {
+                        let (k1, n1) = m.drain().next().expect("one entry");
+                        Children::One(k1, n1)
+                    }
+                    _ => Children::Many(m),
+                };
+                r
+            }
+        }
+    }
+
+    pub fn iter(&self) -> Box<dyn Iterator<Item = (&LocalHash, &NodeRef)> + '_> {
+        match self {
+            Children::None => Box::new(std::iter::empty()),
+            Children::One(k, n) => Box::new(std::iter::once((k, n))),
+            Children::Many(m) => Box::new(m.iter()),
+        }
+    }
+}
+
+/// One node. Every field is guarded by the node's `RwLock`.
+#[derive(Default)]
+pub(crate) struct Node {
+    /// Depth (0-based block index from the root) of the run's first block.
+    /// Never changes while the node is alive.
+    pub start: u32,
+    /// Set once the node is unlinked (killed) or merged into its parent.
+    pub dead: bool,
+    /// The compressed run. Non-empty for every live node but the root.
+    pub blocks: Run,
+    /// Workers holding the whole run, sorted.
+    pub workers: WorkerSet,
+    /// Children keyed by their first block.
+    pub children: Children,
+    /// Hint to the parent: the node that held depth `start - 1` when this
+    /// node was linked (resolve it with the `link` chain). `None` for the
+    /// root and for dead nodes.
+    pub parent: Option<NodeRef>,
+    /// Alive: the node that received this node's tail in its last split
+    /// (the continuation for depths past `start + blocks.len()`).
+    /// Dead after a merge: the node that absorbed this one (forward).
+    /// Dead after an unlink: `None`.
+    pub link: Option<NodeRef>,
+}
+
+impl Node {
+    pub fn end(&self) -> u32 {
+        self.start + self.blocks.len() as u32
+    }
+}
+
+pub(crate) fn set_contains(s: &WorkerSet, w: Wid) -> bool {
+    s.binary_search(&w).is_ok()
+}
+
+pub(crate) fn set_insert(s: &mut WorkerSet, w: Wid) -> bool {
+    match s.binary_search(&w) {
+        Ok(_) => false,
+        Err(i) => {
+            s.insert(i, w);
+            true
+        }
+    }
+}
+
+pub(crate) fn set_remove(s: &mut WorkerSet, w: Wid) -> bool {
+    match s.binary_search(&w) {
+        Ok(i) => {
+            s.remove(i);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// Splits `x` (alive, write-locked) at run offset `k` (0 < k < len): `x`
+/// keeps `[0, k)`, a new node `t` gets `[k, len)`, `x`'s workers, children
+/// and tail link; `t` becomes `x`'s only child and its tail link.
+///
+/// Readers see either the whole old run or the head with `t` below it: the
+/// new node is fully built before it is published, and both changes happen
+/// inside `x`'s write critical section.
+pub(crate) fn split(x: &mut WGuard, k: usize) -> NodeRef {
+    debug_assert!(k > 0 && k < x.blocks.len());
+    let this = Arc::clone(parking_lot::ArcRwLockWriteGuard::rwlock(x));
+    let tail: Run = x.blocks[k..].iter().copied().collect();
+    x.blocks.truncate(k);
+    let first = tail[0];
+    let t = Arc::new(RwLock::new(Node {
+        start: x.start + k as u32,
+        dead: false,
+        blocks: tail,
+        workers: x.workers.clone(),
+        children: std::mem::take(&mut x.children),
+        parent: Some(this),
+        link: x.link.take(),
+    }));
+    x.children = Children::One(first, Arc::clone(&t));
+    x.link = Some(Arc::clone(&t));
+    t
+}

@@ -1,0 +1,89 @@
+//! Dump: copy the tree into a snapshot and turn it into events.
+
+use std::sync::Arc;
+
+use hashbrown::{HashMap, HashSet};
+
+use super::node::NodeRef;
+use super::ConcurrentIndex;
+use crate::dump::{events_from_snapshot, DumpWorker, SnapNode};
+use crate::event::{KvEvent, WorkerKey};
+use crate::hash::{ExternalHash, LocalHash};
+
+type Rev = HashMap<(usize, u32), ExternalHash, foldhash::fast::RandomState>;
+
+impl ConcurrentIndex {
+    /// Builds the dump. Meant for a quiescent index; under concurrent
+    /// writes it is a best-effort (per-node consistent) picture.
+    pub(super) fn dump_events(&self) -> Vec<KvEvent> {
+        let entries: Vec<(WorkerKey, Arc<super::WorkerEntry>)> = self
+            .workers
+            .read()
+            .iter()
+            .map(|(k, e)| (*k, Arc::clone(e)))
+            .collect();
+        let mut workers = Vec::new();
+        // Per interned worker id: (node ptr, depth) -> external id.
+        let mut rev: HashMap<u32, Rev> = HashMap::new();
+        for (key, e) in &entries {
+            let mut st = e.state.lock();
+            let st = &mut *st;
+            let mut r = Rev::default();
+            for (ext, loc) in st.blocks.iter_mut() {
+                if let Some(g) = self.lock_loc(loc) {
+                    let ptr = Arc::as_ptr(parking_lot::ArcRwLockWriteGuard::rwlock(&g)) as usize;
+                    r.insert((ptr, loc.depth), *ext);
+                }
+            }
+            workers.push(DumpWorker {
+                key: *key,
+                last_event_id: st.last_event_id,
+                externals: st.blocks.keys().copied().collect::<HashSet<_>>(),
+            });
+            rev.insert(st.id, r);
+        }
+        let keys = self.registry.read().keys.clone();
+        let roots = self.snap_children(&self.root, &rev, &keys);
+        events_from_snapshot(&roots, &workers)
+    }
+
+    fn snap_children(
+        &self,
+        n: &NodeRef,
+        rev: &HashMap<u32, Rev>,
+        keys: &[WorkerKey],
+    ) -> Vec<SnapNode> {
+        let mut kids: Vec<(LocalHash, NodeRef)> = n
+            .read()
+            .children
+            .iter()
+            .map(|(k, c)| (*k, Arc::clone(c)))
+            .collect();
+        kids.sort_unstable_by_key(|(k, _)| *k);
+        kids.into_iter()
+            .map(|(_, c)| {
+                let (start, blocks, ws) = {
+                    let g = c.read();
+                    (g.start, g.blocks.to_vec(), g.workers.clone())
+                };
+                let ptr = Arc::as_ptr(&c) as usize;
+                let mut holders = Vec::new();
+                for w in ws {
+                    let Some(r) = rev.get(&w) else { continue };
+                    let exts: Option<Vec<ExternalHash>> = (0..blocks.len() as u32)
+                        .map(|j| r.get(&(ptr, start + j)).copied())
+                        .collect();
+                    if let Some(exts) = exts {
+                        holders.push((keys[w as usize], exts));
+                    }
+                }
+                holders.sort_by_key(|(k, _)| *k);
+                SnapNode {
+                    blocks,
+                    holders,
+                    children: self.snap_children(&c, rev, keys),
+                }
+            })
+            .collect()
+    }
+}

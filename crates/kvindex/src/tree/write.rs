@@ -1,0 +1,474 @@
+//! Applying events to the concurrent tree.
+//!
+//! Lock order is strictly top-down (a parent before its child); a writer
+//! holds at most a node and one of its children at once (plus grandchildren
+//! briefly while re-pointing their parent hints during a merge). Going up
+//! (to a parent) always releases first and re-validates after locking.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use hashbrown::HashMap;
+use parking_lot::{ArcRwLockWriteGuard, RwLock};
+
+use super::node::{
+    set_contains, set_insert, set_remove, split, Children, Node, NodeRef, Run, WGuard,
+};
+use super::{ConcurrentIndex, Loc, WorkerState};
+use crate::event::{ApplyError, KvEvent, StoredBlock};
+use crate::hash::ExternalHash;
+
+/// Deepest supported depth (runs are addressed with `u32` depths).
+const MAX_DEPTH: u64 = u32::MAX as u64 - 2;
+
+fn arc_of(g: &WGuard) -> NodeRef {
+    Arc::clone(ArcRwLockWriteGuard::rwlock(g))
+}
+
+impl ConcurrentIndex {
+    fn is_root(&self, n: &NodeRef) -> bool {
+        Arc::ptr_eq(n, &self.root)
+    }
+
+    /// Write-locks the live node that holds depth `loc.depth` on the path
+    /// `loc.node` was on, following forward links (merged nodes) and tail
+    /// links (split nodes). Updates the hint. `None` if the block is gone.
+    pub(super) fn lock_loc(&self, loc: &mut Loc) -> Option<WGuard> {
+        let mut n = Arc::clone(&loc.node);
+        let mut hops = 0usize;
+        loop {
+            let g = n.write_arc();
+            let next = if g.dead {
+                g.link.clone()?
+            } else if loc.depth < g.start {
+                return None;
+            } else if loc.depth >= g.end() {
+                g.link.clone()?
+            } else {
+                if hops > 0 {
+                    loc.node = n;
+                }
+                return Some(g);
+            };
+            drop(g);
+            n = next;
+            hops += 1;
+        }
+    }
+
+    /// Write-locks the parent of a node with first depth `start` and parent
+    /// hint `hint`. The caller re-validates the relationship.
+    fn lock_parent(&self, start: u32, hint: Option<NodeRef>) -> Option<WGuard> {
+        if start == 0 {
+            return Some(self.root.write_arc());
+        }
+        let mut loc = Loc {
+            node: hint?,
+            depth: start - 1,
+        };
+        self.lock_loc(&mut loc)
+    }
+
+    pub(super) fn stored(
+        &self,
+        ws: &mut WorkerState,
+        ev: &KvEvent,
+        parent: Option<ExternalHash>,
+        blocks: &[StoredBlock],
+    ) -> Result<(), ApplyError> {
+        let w = ws.id;
+        // Cursor: `cur` is write-locked and held whole by `w` (or is None =
+        // the root); `next` is the run offset where the next block goes.
+        let mut cur: Option<WGuard> = None;
+        let mut next = 0usize;
+        if let Some(p) = parent {
+            let g = ws.blocks.get_mut(&p).and_then(|loc| {
+                let d = loc.depth;
+                self.lock_loc(loc).map(|g| (g, d))
+            });
+            match g {
+                Some((g, d)) if set_contains(&g.workers, w) => {
+                    next = (d - g.start) as usize + 1;
+                    cur = Some(g);
+                }
+                _ => {
+                    self.counters.unknown_parents.fetch_add(1, Relaxed);
+                    return Err(ApplyError::UnknownParent {
+                        worker: ev.worker,
+                        event_id: ev.event_id,
+                        parent: p,
+                    });
+                }
+            }
+        }
+        let mut touched: Vec<NodeRef> = Vec::new();
+        let mut stored = 0u64;
+        let mut i = 0usize;
+        while i < blocks.len() {
+            let b = blocks[i];
+            // A block the worker already holds under this id: a replay.
+            // The chain continues from where that block lives.
+            if ws.blocks.contains_key(&b.external) {
+                drop(cur.take());
+                let loc = ws.blocks.get_mut(&b.external).expect("present");
+                let d = loc.depth;
+                match self.lock_loc(loc) {
+                    Some(g) => {
+                        next = (d - g.start) as usize + 1;
+                        cur = Some(g);
+                    }
+                    None => {
+                        // Unreachable while the invariants hold; recover by
+                        // forgetting the entry and storing the block anew.
+                        ws.blocks.remove(&b.external);
+                        continue;
+                    }
+                }
+                i += 1;
+                continue;
+            }
+            let depth = match &cur {
+                Some(x) => x.start as u64 + next as u64,
+                None => 0,
+            };
+            if depth >= MAX_DEPTH {
+                self.counters.blocks_stored.fetch_add(stored, Relaxed);
+                return Err(ApplyError::TooDeep {
+                    worker: ev.worker,
+                    event_id: ev.event_id,
+                    max: MAX_DEPTH,
+                });
+            }
+            // Inside a run the worker holds whole.
+            if let Some(x) = cur.as_mut() {
+                if next < x.blocks.len() {
+                    if x.blocks[next] == b.local {
+                        // Already held under another external id: ignored.
+                        next += 1;
+                        i += 1;
+                        continue;
+                    }
+                    // Divergence inside the run: split, then branch below.
+                    split(x, next);
+                }
+            }
+            // At the end of `cur`'s run: find or make the child for b.
+            let child = match &cur {
+                Some(x) => x.children.get(&b.local).cloned(),
+                None => self.root.read().children.get(&b.local).cloned(),
+            };
+            if let Some(c) = child {
+                let mut cg = c.write_arc();
+                if cg.dead {
+                    // Only possible when `cur` is the root (not locked):
+                    // the child was unlinked meanwhile. Retry.
+                    continue;
+                }
+                drop(cur.take());
+                if !set_contains(&cg.workers, w) {
+                    let mut m = 0usize;
+                    while m < cg.blocks.len() && i + m < blocks.len() {
+                        let bb = blocks[i + m];
+                        if cg.blocks[m] != bb.local || ws.blocks.contains_key(&bb.external) {
+                            break;
+                        }
+                        ws.blocks.insert(
+                            bb.external,
+                            Loc {
+                                node: Arc::clone(&c),
+                                depth: cg.start + m as u32,
+                            },
+                        );
+                        m += 1;
+                    }
+                    debug_assert!(m > 0);
+                    if m < cg.blocks.len() {
+                        split(&mut cg, m);
+                    }
+                    set_insert(&mut cg.workers, w);
+                    stored += m as u64;
+                    i += m;
+                    next = m;
+                    touched.push(Arc::clone(&c));
+                } else {
+                    next = 0;
+                }
+                cur = Some(cg);
+                continue;
+            }
+            // No child: extend in place or hang a new leaf.
+            let mut x = match cur.take() {
+                Some(x) => x,
+                None => {
+                    let r = self.root.write_arc();
+                    if r.children.get(&b.local).is_some() {
+                        continue; // raced with another writer; retry
+                    }
+                    r
+                }
+            };
+            let x_is_root = self.is_root(&arc_of(&x));
+            if !x_is_root && x.children.is_none() && x.workers.len() == 1 && x.workers[0] == w {
+                // Sole holder of a leaf: append to its run.
+                let node = arc_of(&x);
+                let n = self.take_run(ws, &node, x.end(), blocks, i, &mut x.blocks);
+                stored += n as u64;
+                i += n;
+                next = x.blocks.len();
+                cur = Some(x);
+                continue;
+            }
+            let start = x.end();
+            let leaf = Arc::new(RwLock::new(Node {
+                start,
+                dead: false,
+                blocks: Run::new(),
+                workers: std::iter::once(w).collect(),
+                children: Children::None,
+                parent: Some(arc_of(&x)),
+                link: None,
+            }));
+            let mut lg = leaf.write_arc();
+            let mut run = Run::new();
+            let n = self.take_run(ws, &leaf, start, blocks, i, &mut run);
+            lg.blocks = run;
+            x.children.insert(b.local, Arc::clone(&leaf));
+            drop(x);
+            stored += n as u64;
+            i += n;
+            next = lg.blocks.len();
+            cur = Some(lg);
+        }
+        drop(cur);
+        self.counters.blocks_stored.fetch_add(stored, Relaxed);
+        for n in touched {
+            self.try_merge(&n);
+            self.try_merge_into_parent(&n);
+        }
+        Ok(())
+    }
+
+    /// Appends to `run` the blocks from `blocks[i..]` up to the first whose
+    /// external id is already known, recording their locations in `node`
+    /// starting at depth `start + run.len()`. Returns how many were taken
+    /// (at least one: the caller checked `blocks[i]`).
+    fn take_run(
+        &self,
+        ws: &mut WorkerState,
+        node: &NodeRef,
+        start: u32,
+        blocks: &[StoredBlock],
+        i: usize,
+        run: &mut Run,
+    ) -> usize {
+        let mut n = 0;
+        let mut depth = start;
+        while let Some(bb) = blocks.get(i + n) {
+            if (depth as u64) >= MAX_DEPTH || ws.blocks.contains_key(&bb.external) {
+                break;
+            }
+            ws.blocks.insert(
+                bb.external,
+                Loc {
+                    node: Arc::clone(node),
+                    depth,
+                },
+            );
+            run.push(bb.local);
+            n += 1;
+            depth += 1;
+        }
+        n
+    }
+
+    pub(super) fn removed(&self, ws: &mut WorkerState, hashes: &[ExternalHash]) {
+        for h in hashes {
+            let Some(mut loc) = ws.blocks.remove(h) else {
+                self.counters.unknown_removes.fetch_add(1, Relaxed);
+                continue;
+            };
+            if self.remove_block(ws.id, &mut loc) {
+                self.counters.blocks_removed.fetch_add(1, Relaxed);
+            } else {
+                self.counters.unknown_removes.fetch_add(1, Relaxed);
+            }
+        }
+        if ws.blocks.capacity() > 64 && ws.blocks.len() * 4 < ws.blocks.capacity() {
+            ws.blocks.shrink_to_fit();
+        }
+    }
+
+    fn remove_block(&self, w: super::Wid, loc: &mut Loc) -> bool {
+        let Some(mut g) = self.lock_loc(loc) else {
+            return false;
+        };
+        if !set_contains(&g.workers, w) {
+            return false;
+        }
+        let pos = (loc.depth - g.start) as usize;
+        let len = g.blocks.len();
+        if len > 1 && pos == len - 1 && g.workers.len() == 1 && g.children.is_none() {
+            // Sole holder dropping the last block of a leaf: shrink in place.
+            g.blocks.pop();
+            return true;
+        }
+        if pos + 1 < len {
+            split(&mut g, pos + 1);
+        }
+        let mut target = if pos > 0 {
+            let t = split(&mut g, pos);
+            let tg = t.write_arc();
+            drop(g);
+            tg
+        } else {
+            g
+        };
+        set_remove(&mut target.workers, w);
+        let t = arc_of(&target);
+        let empty = target.workers.is_empty() && target.children.is_none();
+        drop(target);
+        if empty {
+            self.try_kill(t);
+        } else {
+            self.try_merge(&t);
+            self.try_merge_into_parent(&t);
+        }
+        true
+    }
+
+    pub(super) fn clear(&self, ws: &mut WorkerState) {
+        let w = ws.id;
+        let mut nodes: HashMap<usize, NodeRef, foldhash::fast::RandomState> = HashMap::default();
+        let mut removed = 0u64;
+        for (_, mut loc) in ws.blocks.drain() {
+            removed += 1;
+            let Some(mut g) = self.lock_loc(&mut loc) else {
+                continue;
+            };
+            if set_remove(&mut g.workers, w) {
+                let n = arc_of(&g);
+                nodes.insert(Arc::as_ptr(&n) as usize, n);
+            }
+        }
+        ws.blocks = Default::default();
+        self.counters.blocks_removed.fetch_add(removed, Relaxed);
+        for (_, n) in nodes {
+            let empty = {
+                let g = n.read();
+                !g.dead && g.workers.is_empty() && g.children.is_none()
+            };
+            if empty {
+                self.try_kill(n);
+            } else {
+                self.try_merge(&n);
+                self.try_merge_into_parent(&n);
+            }
+        }
+    }
+
+    /// Unlinks `n` if it is a workerless leaf, then walks up doing the same
+    /// for parents that became workerless leaves; finally tries to merge the
+    /// first surviving ancestor with its (now maybe single) child.
+    fn try_kill(&self, mut n: NodeRef) {
+        loop {
+            if self.is_root(&n) {
+                return;
+            }
+            let (start, hint, first) = {
+                let g = n.read();
+                if g.dead || !g.workers.is_empty() || !g.children.is_none() {
+                    return;
+                }
+                (g.start, g.parent.clone(), g.blocks[0])
+            };
+            let Some(mut pg) = self.lock_parent(start, hint) else {
+                return;
+            };
+            let mut g = n.write_arc();
+            if g.dead || !g.workers.is_empty() || !g.children.is_none() {
+                return;
+            }
+            if !pg.children.get(&first).is_some_and(|c| Arc::ptr_eq(c, &n)) {
+                return;
+            }
+            pg.children.remove(&first);
+            if pg.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, &n)) {
+                pg.link = None;
+            }
+            g.dead = true;
+            g.parent = None;
+            g.link = None;
+            g.blocks = Run::new();
+            g.workers = Default::default();
+            drop(g);
+            let p = arc_of(&pg);
+            let p_dead_leaf = !self.is_root(&p) && pg.workers.is_empty() && pg.children.is_none();
+            drop(pg);
+            if p_dead_leaf {
+                n = p;
+            } else {
+                self.try_merge(&p);
+                return;
+            }
+        }
+    }
+
+    /// If `n` (not the root) has exactly one child with the same worker
+    /// set, absorbs it: appends its run, adopts its children and tail link,
+    /// and marks it dead with a forward link to `n`. Repeats while possible.
+    pub(super) fn try_merge(&self, n: &NodeRef) {
+        if self.is_root(n) {
+            return;
+        }
+        loop {
+            let mut g = n.write_arc();
+            if g.dead {
+                return;
+            }
+            let Some(c) = g.children.single().cloned() else {
+                return;
+            };
+            let mut cg = c.write_arc();
+            if cg.dead || cg.workers != g.workers || cg.start != g.end() {
+                return;
+            }
+            let run = std::mem::take(&mut cg.blocks);
+            g.blocks.extend(run);
+            g.children = std::mem::take(&mut cg.children);
+            g.link = cg.link.take();
+            cg.dead = true;
+            cg.link = Some(Arc::clone(n));
+            cg.parent = None;
+            cg.workers = Default::default();
+            drop(cg);
+            // Re-point the adopted children's parent hints (top-down order:
+            // n, then its new children) so the dead node is not kept alive.
+            for (_, gc) in g.children.iter() {
+                gc.write().parent = Some(Arc::clone(n));
+            }
+        }
+    }
+
+    fn try_merge_into_parent(&self, n: &NodeRef) {
+        if self.is_root(n) {
+            return;
+        }
+        let (start, hint) = {
+            let g = n.read();
+            if g.dead {
+                return;
+            }
+            (g.start, g.parent.clone())
+        };
+        if start == 0 {
+            return;
+        }
+        let p = {
+            let Some(pg) = self.lock_parent(start, hint) else {
+                return;
+            };
+            arc_of(&pg)
+        };
+        self.try_merge(&p);
+    }
+}

@@ -1,0 +1,174 @@
+//! Hand-written scenarios, run against both indexes and the model.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use common::*;
+use kvindex::{
+    ApplyError, ConcurrentIndex, ExternalHash, KvEvent, KvEventData, KvIndexer, LocalHash,
+    ReferenceIndex,
+};
+
+fn both() -> Vec<Box<dyn KvIndexer>> {
+    vec![
+        Box::new(ReferenceIndex::new()),
+        Box::new(ConcurrentIndex::new()),
+    ]
+}
+
+fn run(events: &[KvEvent]) {
+    for ix in both() {
+        let mut m = Model::default();
+        for ev in events {
+            let a = app(&*ix, ev);
+            let b = m.apply(ev);
+            assert_eq!(a, b, "{} result for {:?}", ix.name(), ev);
+            check_equal(&*ix, &m, &[]);
+        }
+        // Dump into a fresh replica of each kind.
+        let dump = ix.dump();
+        for replica in both() {
+            for ev in &dump {
+                replica.apply(ev).expect("dump events apply");
+            }
+            check_equal(&*replica, &m, &[]);
+        }
+    }
+}
+
+#[test]
+fn extend_branch_share() {
+    let (a, b) = (wk(1), wk(2));
+    run(&[
+        stored(a, 0, &[], &l(&[1, 2, 3, 4]), 0),
+        stored(a, 1, &l(&[1, 2, 3, 4]), &l(&[5, 6]), 0),
+        stored(b, 0, &[], &l(&[1, 2]), 0),
+        stored(b, 1, &l(&[1, 2]), &l(&[7, 8]), 0),
+        stored(a, 2, &l(&[1, 2]), &l(&[7]), 0),
+        stored(b, 2, &l(&[1, 2, 7, 8]), &l(&[9]), 0),
+    ]);
+}
+
+#[test]
+fn remove_middle_then_heal() {
+    let a = wk(1);
+    let b = wk(2);
+    let p = l(&[1, 2, 3, 4, 5]);
+    run(&[
+        stored(a, 0, &[], &p, 0),
+        stored(b, 0, &[], &p, 7),
+        removed(a, 1, &[&p[..3]], 0),
+        removed(b, 1, &[&p[..5]], 7),
+        // Heal: store block 3 again under its parent.
+        stored(a, 2, &p[..2], &p[2..3], 0),
+        removed(a, 3, &[&p[..1]], 0),
+        removed(a, 4, &[&p[..2], &p[..3], &p[..4], &p[..5]], 0),
+        removed(b, 2, &[&p[..1], &p[..2], &p[..3], &p[..4]], 7),
+    ]);
+}
+
+#[test]
+fn aliases_duplicates_and_replays() {
+    let a = wk(3);
+    let p = l(&[1, 2, 3]);
+    let mut alias = stored(a, 1, &[], &p, 99);
+    if let KvEventData::Stored { blocks, .. } = &mut alias.data {
+        blocks[2].local = LocalHash(4); // diverges at the last block
+    }
+    run(&[
+        stored(a, 0, &[], &p, 0),
+        alias,
+        stored(a, 2, &[], &p, 0),       // replay under the same ids
+        stored(a, 0, &[], &l(&[8]), 0), // older id: ignored
+        removed(a, 3, &[&p[..3]], 0),
+        stored(a, 3, &p[..2], &p[2..3], 0), // same id as last: applied again
+    ]);
+}
+
+#[test]
+fn unknown_parent_is_typed_error_and_counted() {
+    for ix in both() {
+        let ev = stored(wk(1), 0, &l(&[5]), &l(&[6]), 0);
+        let e = ix.apply(&ev).unwrap_err();
+        assert!(matches!(e, ApplyError::UnknownParent { .. }));
+        assert!(e.to_string().contains("parent"));
+        assert_eq!(ix.stats().unknown_parents, 1);
+        assert_eq!(ix.worker_block_count(wk(1)), 0);
+        let r = KvEvent {
+            worker: wk(1),
+            event_id: 1,
+            data: KvEventData::Removed {
+                hashes: vec![ExternalHash(42)],
+            },
+        };
+        ix.apply(&r).unwrap();
+        assert_eq!(ix.stats().unknown_removes, 1);
+    }
+}
+
+#[test]
+fn gaps_are_counted_and_reported() {
+    let seen = Arc::new(AtomicU64::new(0));
+    let s2 = Arc::clone(&seen);
+    let ix = ConcurrentIndex::new();
+    ix.set_gap_handler(Some(Arc::new(move |_w, expected, got| {
+        assert_eq!((expected, got), (1, 5));
+        s2.fetch_add(1, Ordering::SeqCst);
+    })));
+    ix.apply(&stored(wk(1), 0, &[], &l(&[1]), 0)).unwrap();
+    ix.apply(&stored(wk(1), 5, &l(&[1]), &l(&[2]), 0)).unwrap();
+    assert_eq!(ix.stats().gaps, 1);
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+    ix.apply(&stored(wk(1), 3, &[], &l(&[9]), 0)).unwrap();
+    assert_eq!(ix.stats().duplicates, 1);
+    assert_eq!(ix.worker_block_count(wk(1)), 2);
+
+    let r = ReferenceIndex::new();
+    r.apply(&stored(wk(1), 0, &[], &l(&[1]), 0)).unwrap();
+    r.apply(&stored(wk(1), 2, &l(&[1]), &l(&[2]), 0)).unwrap();
+    assert_eq!(r.stats().gaps, 1);
+}
+
+#[test]
+fn clear_and_remove_worker() {
+    for ix in both() {
+        let p = l(&[1, 2, 3]);
+        ix.apply(&stored(wk(1), 0, &[], &p, 0)).unwrap();
+        ix.apply(&stored(wk(2), 0, &[], &p[..2], 0)).unwrap();
+        assert_eq!(ix.find_matches(&p).get(wk(1)), 3);
+        assert_eq!(ix.find_matches(&p).get(wk(2)), 2);
+        ix.apply(&KvEvent {
+            worker: wk(1),
+            event_id: 1,
+            data: KvEventData::Cleared,
+        })
+        .unwrap();
+        assert_eq!(ix.find_matches(&p).get(wk(1)), 0);
+        assert_eq!(ix.worker_block_count(wk(1)), 0);
+        ix.remove_worker(wk(2));
+        assert!(ix.find_matches(&p).is_empty());
+        assert_eq!(ix.workers(), vec![wk(1)]);
+    }
+}
+
+#[test]
+fn compressed_nodes_split_and_merge_back() {
+    let ix = ConcurrentIndex::new();
+    let p: Vec<LocalHash> = l(&(1..=32).collect::<Vec<_>>());
+    ix.apply(&stored(wk(1), 0, &[], &p, 0)).unwrap();
+    let s = ix.tree_shape();
+    assert_eq!((s.nodes, s.blocks), (1, 32));
+    ix.apply(&stored(wk(2), 0, &[], &p[..10], 0)).unwrap();
+    assert_eq!(ix.tree_shape().nodes, 2);
+    ix.apply(&stored(wk(2), 1, &p[..10], &p[10..], 0)).unwrap();
+    // Worker sets equal again along the whole run: merged back to one node.
+    assert_eq!(ix.tree_shape().nodes, 1);
+    ix.apply(&removed(wk(1), 1, &[&p[..16]], 0)).unwrap();
+    assert_eq!(ix.tree_shape().nodes, 3);
+    ix.apply(&stored(wk(1), 2, &p[..15], &p[15..16], 0))
+        .unwrap();
+    assert_eq!(ix.tree_shape().nodes, 1);
+    assert_eq!(ix.find_matches(&p).get(wk(1)), 32);
+}
