@@ -1,1 +1,57 @@
-//! part (placeholder).
+//! `part`: a persistent (copy-on-write) adaptive radix tree.
+//!
+//! * [`Tree`] is an immutable snapshot: clone it in O(1), read it from any
+//!   number of threads, iterate it forwards or backwards.
+//! * [`Txn`] builds the next version; each node is copied at most once per
+//!   transaction, and [`Txn::commit`] leaves every older snapshot unchanged.
+//! * [`Watch`]es from [`Tree::get_watch`] and [`Tree::prefix_watch`] fire once
+//!   a later commit changes what the read depended on. A node that nobody
+//!   watches carries no watch allocation at all.
+//!
+//! ```
+//! use part::Tree;
+//! let t = Tree::new();
+//! let (t, _) = t.insert(b"hello", 1).unwrap();
+//! let (v, watch) = t.get_watch(b"hello");
+//! assert_eq!(v, Some(&1));
+//! let mut txn = t.txn();
+//! txn.insert(b"hello", 2).unwrap();
+//! let t2 = txn.commit();
+//! assert!(watch.is_closed());
+//! assert_eq!(t.get(b"hello"), Some(&1)); // the old snapshot is unchanged
+//! assert_eq!(t2.get(b"hello"), Some(&2));
+//! ```
+#![deny(missing_docs, unsafe_op_in_unsafe_fn)]
+
+mod iter;
+mod lazy;
+mod node;
+mod simd;
+mod sync;
+mod tree;
+mod txn;
+mod watch;
+
+#[doc(hidden)]
+pub mod check;
+
+pub use iter::{Entry, IntoIter, Iter, Scan};
+pub use tree::{Options, Tree};
+pub use txn::{Notifier, Txn};
+pub use watch::{Changed, First, Watch, WatchSet};
+
+/// Longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 1 << 20;
+
+/// Errors from tree operations.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The key is longer than [`MAX_KEY_LEN`].
+    #[error("key of {len} bytes is longer than the maximum of {max}")]
+    KeyTooLong {
+        /// The key's length.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+}

@@ -1,0 +1,487 @@
+//! Ordered iteration, forwards and in reverse, over all keys, a prefix, a
+//! lower bound or a range.
+//!
+//! One engine ([`Raw`]) walks a stack of inner nodes; it is generic over the
+//! node pointer so the same code serves borrowing iterators (`&Node`, no
+//! reference counting) and owning ones (`Arc<Node>`, which keep their
+//! snapshot alive and can outlive the tree handle).
+
+use std::ops::Bound;
+
+use crate::node::{Bytes, Child, Node};
+
+/// Which keys a scan visits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scan {
+    /// Every key.
+    All,
+    /// Keys starting with these bytes.
+    Prefix(Vec<u8>),
+    /// Keys `>=` these bytes.
+    LowerBound(Vec<u8>),
+    /// Keys within the bounds.
+    Range(Bound<Vec<u8>>, Bound<Vec<u8>>),
+}
+
+/// A node pointer the iterator engine can walk.
+pub(crate) trait Ptr: Sized {
+    type V;
+    fn node(&self) -> &Node<Self::V>;
+    fn next(&self, pos: usize) -> Option<(usize, Self)>;
+    fn prev(&self, pos: usize) -> Option<(usize, Self)>;
+    fn terminal(&self) -> Option<Self>;
+    fn find(&self, b: u8) -> Option<Self>;
+}
+
+impl<'a, V> Ptr for &'a Node<V> {
+    type V = V;
+    #[inline]
+    fn node(&self) -> &Node<V> {
+        self
+    }
+    #[inline]
+    fn next(&self, pos: usize) -> Option<(usize, Self)> {
+        let n: &'a Node<V> = self;
+        n.next_child(pos).map(|(p, c)| (p, &**c))
+    }
+    #[inline]
+    fn prev(&self, pos: usize) -> Option<(usize, Self)> {
+        let n: &'a Node<V> = self;
+        n.prev_child(pos).map(|(p, c)| (p, &**c))
+    }
+    #[inline]
+    fn terminal(&self) -> Option<Self> {
+        let n: &'a Node<V> = self;
+        n.terminal().map(|c| &**c)
+    }
+    #[inline]
+    fn find(&self, b: u8) -> Option<Self> {
+        let n: &'a Node<V> = self;
+        n.find_child(b).map(|c| &**c)
+    }
+}
+
+impl<V> Ptr for Child<V> {
+    type V = V;
+    #[inline]
+    fn node(&self) -> &Node<V> {
+        self
+    }
+    #[inline]
+    fn next(&self, pos: usize) -> Option<(usize, Self)> {
+        self.next_child(pos).map(|(p, c)| (p, c.clone()))
+    }
+    #[inline]
+    fn prev(&self, pos: usize) -> Option<(usize, Self)> {
+        self.prev_child(pos).map(|(p, c)| (p, c.clone()))
+    }
+    #[inline]
+    fn terminal(&self) -> Option<Self> {
+        Node::terminal(self).cloned()
+    }
+    #[inline]
+    fn find(&self, b: u8) -> Option<Self> {
+        self.find_child(b).cloned()
+    }
+}
+
+struct Frame<P> {
+    node: P,
+    /// Forward: next position to look at. Reverse: next position, downwards.
+    pos: usize,
+    /// Forward: the terminal is still to come (it precedes the children).
+    /// Reverse: children are still to come (the terminal follows them).
+    flag: bool,
+}
+
+/// When a scan ends.
+#[derive(Clone, Debug)]
+enum Stop {
+    Never,
+    /// Forward: past the upper bound. Reverse: below the lower bound.
+    Bound(Bound<Bytes>),
+    Prefix(Bytes),
+}
+
+pub(crate) struct Raw<P> {
+    stack: Vec<Frame<P>>,
+    pending: Option<P>,
+    rev: bool,
+    stop: Stop,
+    /// A key equal to this is skipped (an excluded starting bound).
+    skip: Option<Bytes>,
+}
+
+fn bytes(b: &[u8]) -> Bytes {
+    Bytes::from_slice(b)
+}
+
+fn map_bound(b: &Bound<Vec<u8>>) -> Bound<Bytes> {
+    match b {
+        Bound::Included(k) => Bound::Included(bytes(k)),
+        Bound::Excluded(k) => Bound::Excluded(bytes(k)),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+impl<P: Ptr> Raw<P> {
+    pub(crate) fn new(root: P, scan: &Scan, rev: bool) -> Self {
+        let mut it = Raw {
+            stack: Vec::new(),
+            pending: None,
+            rev,
+            stop: Stop::Never,
+            skip: None,
+        };
+        match (scan, rev) {
+            (Scan::All, false) => it.push_all(root),
+            (Scan::All, true) => it.push_all_rev(root),
+            (Scan::Prefix(p), false) => {
+                it.stop = Stop::Prefix(bytes(p));
+                it.seek_ge(root, p);
+            }
+            (Scan::Prefix(p), true) => {
+                it.stop = Stop::Prefix(bytes(p));
+                match prefix_successor(p) {
+                    Some(succ) => it.seek_le(root, &succ, true),
+                    None => it.push_all_rev(root),
+                }
+            }
+            (Scan::LowerBound(k), false) => it.seek_ge(root, k),
+            (Scan::LowerBound(k), true) => {
+                it.stop = Stop::Bound(Bound::Included(bytes(k)));
+                it.push_all_rev(root);
+            }
+            (Scan::Range(lo, hi), false) => {
+                it.stop = Stop::Bound(map_bound(hi));
+                match lo {
+                    Bound::Unbounded => it.push_all(root),
+                    Bound::Included(k) => it.seek_ge(root, k),
+                    Bound::Excluded(k) => {
+                        it.skip = Some(bytes(k));
+                        it.seek_ge(root, k);
+                    }
+                }
+            }
+            (Scan::Range(lo, hi), true) => {
+                it.stop = Stop::Bound(map_bound(lo));
+                match hi {
+                    Bound::Unbounded => it.push_all_rev(root),
+                    Bound::Included(k) => it.seek_le(root, k, false),
+                    Bound::Excluded(k) => it.seek_le(root, k, true),
+                }
+            }
+        }
+        it
+    }
+
+    fn push_all(&mut self, p: P) {
+        if p.node().is_leaf() {
+            self.pending = Some(p);
+        } else {
+            self.stack.push(Frame {
+                node: p,
+                pos: 0,
+                flag: true,
+            });
+        }
+    }
+
+    fn push_all_rev(&mut self, p: P) {
+        if p.node().is_leaf() {
+            self.pending = Some(p);
+        } else {
+            let pos = p.node().last_position();
+            let flag = p.node().num_children() > 0;
+            self.stack.push(Frame { node: p, pos, flag });
+        }
+    }
+
+    /// Positions the iterator on the first key `>= k`.
+    fn seek_ge(&mut self, root: P, k: &[u8]) {
+        let mut p = root;
+        let mut depth = 0;
+        loop {
+            let n = p.node();
+            if n.is_leaf() {
+                if n.bytes.as_slice() >= k {
+                    self.pending = Some(p);
+                }
+                return;
+            }
+            let seg = n.segment(depth);
+            let r = &k[depth..];
+            let m = seg.len().min(r.len());
+            match seg[..m].cmp(&r[..m]) {
+                std::cmp::Ordering::Less => return,
+                std::cmp::Ordering::Greater => return self.push_all(p),
+                std::cmp::Ordering::Equal if r.len() <= seg.len() => return self.push_all(p),
+                std::cmp::Ordering::Equal => {}
+            }
+            depth += seg.len();
+            let b = k[depth];
+            let child = p.find(b);
+            let pos = p.node().position_after(b);
+            self.stack.push(Frame {
+                node: p,
+                pos,
+                flag: false,
+            });
+            match child {
+                Some(c) => p = c,
+                None => return,
+            }
+        }
+    }
+
+    /// Positions a reverse iterator on the last key `<= k` (`< k` when
+    /// `strict`).
+    fn seek_le(&mut self, root: P, k: &[u8], strict: bool) {
+        let mut p = root;
+        let mut depth = 0;
+        loop {
+            let n = p.node();
+            if n.is_leaf() {
+                let key = n.bytes.as_slice();
+                if key < k || (!strict && key == k) {
+                    self.pending = Some(p);
+                }
+                return;
+            }
+            let seg = n.segment(depth);
+            let r = &k[depth..];
+            let m = seg.len().min(r.len());
+            match seg[..m].cmp(&r[..m]) {
+                std::cmp::Ordering::Less => return self.push_all_rev(p),
+                std::cmp::Ordering::Greater => return,
+                std::cmp::Ordering::Equal if r.len() < seg.len() => return,
+                std::cmp::Ordering::Equal if r.len() == seg.len() => {
+                    // Only the terminal (== k) can qualify.
+                    if !strict {
+                        self.stack.push(Frame {
+                            node: p,
+                            pos: 0,
+                            flag: false,
+                        });
+                    }
+                    return;
+                }
+                std::cmp::Ordering::Equal => {}
+            }
+            depth += seg.len();
+            let b = k[depth];
+            let child = p.find(b);
+            let (pos, flag) = match p.node().position_before(b) {
+                Some(pos) => (pos, true),
+                None => (0, false),
+            };
+            self.stack.push(Frame { node: p, pos, flag });
+            match child {
+                Some(c) => p = c,
+                None => return,
+            }
+        }
+    }
+
+    fn step_fwd(&mut self) -> Option<P> {
+        if let Some(p) = self.pending.take() {
+            return Some(p);
+        }
+        while let Some(top) = self.stack.last_mut() {
+            if top.flag {
+                top.flag = false;
+                if let Some(t) = top.node.terminal() {
+                    return Some(t);
+                }
+            }
+            match top.node.next(top.pos) {
+                Some((pos, c)) => {
+                    top.pos = pos + 1;
+                    if c.node().is_leaf() {
+                        return Some(c);
+                    }
+                    self.stack.push(Frame {
+                        node: c,
+                        pos: 0,
+                        flag: true,
+                    });
+                }
+                None => {
+                    self.stack.pop();
+                }
+            }
+        }
+        None
+    }
+
+    fn step_rev(&mut self) -> Option<P> {
+        if let Some(p) = self.pending.take() {
+            return Some(p);
+        }
+        while let Some(top) = self.stack.last_mut() {
+            if top.flag {
+                match top.node.prev(top.pos) {
+                    Some((pos, c)) => {
+                        match pos.checked_sub(1) {
+                            Some(next) => top.pos = next,
+                            None => top.flag = false,
+                        }
+                        if c.node().is_leaf() {
+                            return Some(c);
+                        }
+                        let pos = c.node().last_position();
+                        let flag = c.node().num_children() > 0;
+                        self.stack.push(Frame { node: c, pos, flag });
+                        continue;
+                    }
+                    None => top.flag = false,
+                }
+            }
+            let t = top.node.terminal();
+            self.stack.pop();
+            if t.is_some() {
+                return t;
+            }
+        }
+        None
+    }
+
+    /// The next leaf in scan order, or `None` once the scan is over.
+    #[inline]
+    pub(crate) fn next_leaf(&mut self) -> Option<P> {
+        loop {
+            let p = if self.rev {
+                self.step_rev()
+            } else {
+                self.step_fwd()
+            }?;
+            let key = p.node().bytes.as_slice();
+            if let Some(s) = &self.skip {
+                let equal = s.as_slice() == key;
+                self.skip = None;
+                if equal {
+                    continue;
+                }
+            }
+            let done = match &self.stop {
+                Stop::Never => false,
+                Stop::Prefix(pre) => !key.starts_with(pre),
+                Stop::Bound(b) => match (b, self.rev) {
+                    (Bound::Unbounded, _) => false,
+                    (Bound::Included(h), false) => key > h.as_slice(),
+                    (Bound::Excluded(h), false) => key >= h.as_slice(),
+                    (Bound::Included(l), true) => key < l.as_slice(),
+                    (Bound::Excluded(l), true) => key <= l.as_slice(),
+                },
+            };
+            if done {
+                self.stack.clear();
+                self.pending = None;
+                return None;
+            }
+            return Some(p);
+        }
+    }
+}
+
+/// The smallest byte string greater than every string starting with `p`, if
+/// one exists (it does not when `p` is all 0xff).
+fn prefix_successor(p: &[u8]) -> Option<Vec<u8>> {
+    let mut s = p.to_vec();
+    while let Some(last) = s.pop() {
+        if last < 0xff {
+            s.push(last + 1);
+            return Some(s);
+        }
+    }
+    None
+}
+
+/// A borrowing iterator: yields `(key, &value)` with no reference counting.
+pub struct Iter<'a, V> {
+    pub(crate) raw: Raw<&'a Node<V>>,
+}
+
+impl<'a, V> Iterator for Iter<'a, V> {
+    type Item = (&'a [u8], &'a V);
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        let n = self.raw.next_leaf()?;
+        let v = n.leaf_value()?;
+        Some((n.bytes.as_slice(), v))
+    }
+}
+
+impl<V> std::fmt::Debug for Iter<'_, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Iter").finish_non_exhaustive()
+    }
+}
+
+/// One key and value held by an owning iterator; keeps its leaf alive.
+pub struct Entry<V> {
+    leaf: Child<V>,
+}
+
+impl<V> Entry<V> {
+    /// The key.
+    pub fn key(&self) -> &[u8] {
+        &self.leaf.bytes
+    }
+    /// The value.
+    pub fn value(&self) -> &V {
+        match self.leaf.leaf_value() {
+            Some(v) => v,
+            None => unreachable!("entries are built from leaves only"),
+        }
+    }
+}
+
+impl<V> Clone for Entry<V> {
+    fn clone(&self) -> Self {
+        Entry {
+            leaf: self.leaf.clone(),
+        }
+    }
+}
+
+impl<V: std::fmt::Debug> std::fmt::Debug for Entry<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entry")
+            .field("key", &self.key())
+            .field("value", self.value())
+            .finish()
+    }
+}
+
+/// An owning iterator: holds its snapshot, so it may outlive the tree
+/// handle and cross threads.
+pub struct IntoIter<V> {
+    pub(crate) raw: Raw<Child<V>>,
+}
+
+impl<V> Iterator for IntoIter<V> {
+    type Item = Entry<V>;
+    fn next(&mut self) -> Option<Entry<V>> {
+        self.raw.next_leaf().map(|leaf| Entry { leaf })
+    }
+}
+
+impl<V> std::fmt::Debug for IntoIter<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IntoIter").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_successor;
+
+    #[test]
+    fn successor() {
+        assert_eq!(prefix_successor(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_successor(&[1, 0xff]), Some(vec![2]));
+        assert_eq!(prefix_successor(&[0xff, 0xff]), None);
+        assert_eq!(prefix_successor(b""), None);
+    }
+}

@@ -1,0 +1,204 @@
+//! The lazily allocated watch slot every node carries.
+//!
+//! A slot is one pointer-sized atomic with three states:
+//!
+//! * `EMPTY` (null): nobody has watched this node; no allocation exists.
+//! * `CLOSED` (a dangling, well-aligned address no allocation can have): the node was superseded
+//!   before anyone watched it. A later watcher gets an already-closed watch,
+//!   again without allocating.
+//! * live: a pointer from `Arc::into_raw` to a [`WatchInner`]. The slot owns
+//!   that strong reference until the node is dropped (or `take`n through
+//!   `&mut`), so a reader holding `&self` may always bump its count.
+//!
+//! Readers (`watch`) install a live watch with a CAS from `EMPTY`; the writer
+//! (`close`, after the new tree is visible) CASes `EMPTY -> CLOSED` or, when a
+//! live watch is there, closes it in place. Both sides go through a
+//! read-modify-write of the same word, so either the reader's CAS precedes
+//! the writer's (the writer sees and closes the live watch) or follows it
+//! (the reader sees `CLOSED` or a closed watch): a watch asked for during a
+//! commit is never lost.
+
+use crate::sync::{AtomicPtr, Ordering};
+use crate::watch::{Watch, WatchInner};
+use std::sync::Arc;
+
+const CLOSED: *mut WatchInner = std::ptr::dangling_mut();
+
+pub(crate) struct LazyWatch {
+    ptr: AtomicPtr<WatchInner>,
+}
+
+impl LazyWatch {
+    #[inline]
+    pub(crate) fn new() -> Self {
+        LazyWatch {
+            ptr: AtomicPtr::new(std::ptr::null_mut()),
+        }
+    }
+
+    /// The node's watch, allocated on first use.
+    pub(crate) fn watch(&self) -> Watch {
+        // Acquire pairs with the Release of the CAS that published the
+        // pointer, so the pointee's initialisation is visible.
+        let p = self.ptr.load(Ordering::Acquire);
+        if p == CLOSED {
+            return Watch::closed();
+        }
+        if !p.is_null() {
+            return Watch::from_inner(clone_raw(p));
+        }
+        let fresh = Arc::new(WatchInner::new());
+        let raw = Arc::into_raw(fresh.clone()) as *mut WatchInner;
+        // AcqRel: Release publishes `fresh`; Acquire on failure sees the
+        // winner's pointee.
+        match self.ptr.compare_exchange(
+            std::ptr::null_mut(),
+            raw,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => Watch::from_inner(fresh),
+            Err(actual) => {
+                // SAFETY: `raw` came from `Arc::into_raw` just above and was
+                // never published, so this is its only owner.
+                drop(unsafe { Arc::from_raw(raw) });
+                if actual == CLOSED {
+                    Watch::closed()
+                } else {
+                    Watch::from_inner(clone_raw(actual))
+                }
+            }
+        }
+    }
+
+    /// Marks the node superseded: fires its watch, or makes any later one
+    /// start closed.
+    pub(crate) fn close(&self) {
+        // AcqRel: on failure we dereference a pointer another thread
+        // published (Acquire); on success later readers must see CLOSED.
+        match self.ptr.compare_exchange(
+            std::ptr::null_mut(),
+            CLOSED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => {}
+            Err(p) if p == CLOSED => {}
+            Err(p) => {
+                // SAFETY: a live pointer stays owned by this slot while `&self`
+                // exists (only `take`/`drop` through `&mut` release it).
+                unsafe { &*p }.close();
+            }
+        }
+    }
+
+    /// Whether nothing was ever allocated here.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ptr.load(Ordering::Acquire).is_null()
+    }
+
+    /// Takes the live watch out of a node being mutated in place, leaving the
+    /// slot empty for the node's new contents.
+    pub(crate) fn take(&mut self) -> Option<Arc<WatchInner>> {
+        #[cfg(not(loom))]
+        let p = std::mem::replace(self.ptr.get_mut(), std::ptr::null_mut());
+        #[cfg(loom)]
+        let p = self.ptr.swap(std::ptr::null_mut(), Ordering::Acquire);
+        if p.is_null() || p == CLOSED {
+            None
+        } else {
+            // SAFETY: the slot owned this strong reference, and `&mut self`
+            // means no reader can be cloning it.
+            Some(unsafe { Arc::from_raw(p) })
+        }
+    }
+}
+
+/// A new strong reference to a live pointer held by some slot.
+fn clone_raw(p: *mut WatchInner) -> Arc<WatchInner> {
+    // SAFETY: `p` is a live pointer owned by a slot we hold `&` to; the slot
+    // keeps its reference until `&mut` access, so the count is at least one
+    // for the whole call.
+    unsafe {
+        Arc::increment_strong_count(p);
+        Arc::from_raw(p)
+    }
+}
+
+impl Drop for LazyWatch {
+    fn drop(&mut self) {
+        drop(self.take());
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unwatched_slot_allocates_nothing_and_closes_to_sentinel() {
+        let s = LazyWatch::new();
+        assert!(s.is_empty());
+        s.close();
+        assert!(!s.is_empty());
+        assert!(s.watch().is_closed());
+    }
+
+    #[test]
+    fn live_watch_fires_on_close_and_is_shared() {
+        let s = LazyWatch::new();
+        let a = s.watch();
+        let b = s.watch();
+        assert!(!a.is_closed() && !b.is_closed());
+        s.close();
+        assert!(a.is_closed() && b.is_closed());
+        assert!(s.watch().is_closed());
+    }
+
+    #[test]
+    fn take_resets_slot() {
+        let mut s = LazyWatch::new();
+        let a = s.watch();
+        let inner = s.take().expect("live");
+        assert!(s.is_empty());
+        inner.close();
+        assert!(a.is_closed());
+        assert!(!s.watch().is_closed());
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+
+    /// A reader asking for a watch races the writer closing the slot: the
+    /// reader's watch must end up closed in every interleaving.
+    #[test]
+    fn watch_racing_close_is_never_lost() {
+        loom::model(|| {
+            let slot = std::sync::Arc::new(LazyWatch::new());
+            let s2 = slot.clone();
+            let reader = loom::thread::spawn(move || s2.watch());
+            slot.close();
+            let w = reader.join().unwrap();
+            assert!(w.is_closed());
+        });
+    }
+
+    /// Two readers racing to install: both get the same (single) allocation,
+    /// and a close afterwards fires both.
+    #[test]
+    fn racing_installs_share_one_watch() {
+        loom::model(|| {
+            let slot = std::sync::Arc::new(LazyWatch::new());
+            let s2 = slot.clone();
+            let t = loom::thread::spawn(move || s2.watch());
+            let a = slot.watch();
+            let b = t.join().unwrap();
+            assert!(!a.is_closed() && !b.is_closed());
+            slot.close();
+            assert!(a.is_closed() && b.is_closed());
+        });
+    }
+}

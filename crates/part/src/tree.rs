@@ -1,0 +1,315 @@
+//! `Tree`: an immutable snapshot. Cloning it is one reference-count bump.
+
+use std::ops::{Bound, RangeBounds};
+
+use triomphe::Arc;
+
+use crate::iter::{IntoIter, Iter, Raw, Scan};
+use crate::node::{Child, Node};
+use crate::txn::Txn;
+use crate::watch::Watch;
+use crate::Error;
+
+/// How a tree hands out watches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Keep a single watch at the root: every read watches "anything
+    /// changed", and commits close one watch instead of one per copied node.
+    pub root_only_watch: bool,
+}
+
+/// A persistent adaptive radix tree: an immutable snapshot of byte-string
+/// keys to values.
+pub struct Tree<V> {
+    pub(crate) root: Child<V>,
+    pub(crate) len: usize,
+    pub(crate) opts: Options,
+}
+
+impl<V> Clone for Tree<V> {
+    fn clone(&self) -> Self {
+        Tree {
+            root: self.root.clone(),
+            len: self.len,
+            opts: self.opts,
+        }
+    }
+}
+
+impl<V> Default for Tree<V> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<V: std::fmt::Debug> std::fmt::Debug for Tree<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.iter().map(|(k, v)| (k.to_vec(), v)))
+            .finish()
+    }
+}
+
+impl<V> Tree<V> {
+    /// An empty tree with per-node watches.
+    pub fn new() -> Self {
+        Self::with_options(Options::default())
+    }
+
+    /// An empty tree with the given options.
+    pub fn with_options(opts: Options) -> Self {
+        Tree {
+            root: Arc::new(Node::empty_inner(&[])),
+            len: 0,
+            opts,
+        }
+    }
+
+    /// Whether both handles are the same snapshot.
+    pub fn ptr_eq(&self, other: &Tree<V>) -> bool {
+        Arc::ptr_eq(&self.root, &other.root)
+    }
+
+    /// The options the tree was made with.
+    pub fn options(&self) -> Options {
+        self.opts
+    }
+
+    /// Number of keys.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the tree holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The value under `key`.
+    pub fn get(&self, key: &[u8]) -> Option<&V> {
+        get(&self.root, key)
+    }
+
+    /// The value under `key` and a watch that fires once a later commit
+    /// changes it (or, for a missing key, the closest part of the tree on its
+    /// path).
+    pub fn get_watch(&self, key: &[u8]) -> (Option<&V>, Watch) {
+        if self.opts.root_only_watch {
+            return (get(&self.root, key), self.root.watch.watch());
+        }
+        let (v, n) = get_with_node(&self.root, key);
+        (v, n.watch.watch())
+    }
+
+    /// Iterates the keys under `prefix` and returns a watch that fires once a
+    /// later commit changes anything under it.
+    pub fn prefix_watch(&self, prefix: &[u8]) -> (Iter<'_, V>, Watch) {
+        let w = if self.opts.root_only_watch {
+            self.root.watch.watch()
+        } else {
+            prefix_node(&self.root, prefix).watch.watch()
+        };
+        (self.prefix(prefix), w)
+    }
+
+    /// A watch that fires on the next commit that changes anything.
+    pub fn root_watch(&self) -> Watch {
+        self.root.watch.watch()
+    }
+
+    /// The smallest key and its value.
+    pub fn first(&self) -> Option<(&[u8], &V)> {
+        self.iter().next()
+    }
+
+    /// The largest key and its value.
+    pub fn last(&self) -> Option<(&[u8], &V)> {
+        self.iter_rev().next()
+    }
+
+    /// All keys in ascending order.
+    pub fn iter(&self) -> Iter<'_, V> {
+        self.scan(&Scan::All, false)
+    }
+
+    /// All keys in descending order.
+    pub fn iter_rev(&self) -> Iter<'_, V> {
+        self.scan(&Scan::All, true)
+    }
+
+    /// Keys starting with `prefix`, ascending.
+    pub fn prefix(&self, prefix: &[u8]) -> Iter<'_, V> {
+        self.scan(&Scan::Prefix(prefix.to_vec()), false)
+    }
+
+    /// Keys starting with `prefix`, descending.
+    pub fn prefix_rev(&self, prefix: &[u8]) -> Iter<'_, V> {
+        self.scan(&Scan::Prefix(prefix.to_vec()), true)
+    }
+
+    /// Keys `>= key`, ascending.
+    pub fn lower_bound(&self, key: &[u8]) -> Iter<'_, V> {
+        self.scan(&Scan::LowerBound(key.to_vec()), false)
+    }
+
+    /// Keys `>= key`, descending (from the largest down to `key`).
+    pub fn lower_bound_rev(&self, key: &[u8]) -> Iter<'_, V> {
+        self.scan(&Scan::LowerBound(key.to_vec()), true)
+    }
+
+    /// Keys within `range`, ascending.
+    pub fn range<'k, R: RangeBounds<&'k [u8]>>(&self, range: R) -> Iter<'_, V> {
+        self.scan(&range_scan(range), false)
+    }
+
+    /// Keys within `range`, descending.
+    pub fn range_rev<'k, R: RangeBounds<&'k [u8]>>(&self, range: R) -> Iter<'_, V> {
+        self.scan(&range_scan(range), true)
+    }
+
+    /// A borrowing iterator over any scan, in either direction.
+    pub fn scan(&self, scan: &Scan, rev: bool) -> Iter<'_, V> {
+        Iter {
+            raw: Raw::new(&*self.root, scan, rev),
+        }
+    }
+
+    /// An owning iterator over any scan: it keeps this snapshot alive and can
+    /// outlive the handle it came from.
+    pub fn scan_owned(&self, scan: &Scan, rev: bool) -> IntoIter<V> {
+        IntoIter {
+            raw: Raw::new(self.root.clone(), scan, rev),
+        }
+    }
+}
+
+impl<V: Clone> Tree<V> {
+    /// A write transaction starting from this snapshot.
+    pub fn txn(&self) -> Txn<V> {
+        Txn::new(self.clone())
+    }
+
+    /// One-shot insert: the new tree and the previous value.
+    pub fn insert(&self, key: &[u8], value: V) -> Result<(Tree<V>, Option<V>), Error> {
+        let mut t = self.txn();
+        let old = t.insert(key, value)?;
+        Ok((t.commit(), old))
+    }
+
+    /// One-shot delete: the new tree and the removed value.
+    pub fn delete(&self, key: &[u8]) -> (Tree<V>, Option<V>) {
+        let mut t = self.txn();
+        let old = t.delete(key);
+        (t.commit(), old)
+    }
+}
+
+impl<V> IntoIterator for Tree<V> {
+    type Item = crate::iter::Entry<V>;
+    type IntoIter = IntoIter<V>;
+    fn into_iter(self) -> IntoIter<V> {
+        self.scan_owned(&Scan::All, false)
+    }
+}
+
+impl<'a, V> IntoIterator for &'a Tree<V> {
+    type Item = (&'a [u8], &'a V);
+    type IntoIter = Iter<'a, V>;
+    fn into_iter(self) -> Iter<'a, V> {
+        self.iter()
+    }
+}
+
+pub(crate) fn range_scan<'k, R: RangeBounds<&'k [u8]>>(range: R) -> Scan {
+    let conv = |b: Bound<&&[u8]>| match b {
+        Bound::Included(k) => Bound::Included(k.to_vec()),
+        Bound::Excluded(k) => Bound::Excluded(k.to_vec()),
+        Bound::Unbounded => Bound::Unbounded,
+    };
+    Scan::Range(conv(range.start_bound()), conv(range.end_bound()))
+}
+
+/// Lookup without watch tracking (the hot path).
+#[inline]
+pub(crate) fn get<'a, V>(root: &'a Node<V>, key: &[u8]) -> Option<&'a V> {
+    let mut node = root;
+    let mut depth = 0;
+    loop {
+        let seg = node.bytes.as_slice();
+        let end = depth + seg.len();
+        if key.len() < end || &key[depth..end] != seg {
+            return None;
+        }
+        depth = end;
+        let child = if depth == key.len() {
+            return node.terminal()?.leaf_value();
+        } else {
+            node.find_child(key[depth])?
+        };
+        if child.is_leaf() {
+            return if child.bytes.as_slice() == key {
+                child.leaf_value()
+            } else {
+                None
+            };
+        }
+        node = child;
+    }
+}
+
+/// Lookup that also returns the node whose watch covers the result: the
+/// leaf when found, else the deepest inner node on the key's path.
+pub(crate) fn get_with_node<'a, V>(root: &'a Node<V>, key: &[u8]) -> (Option<&'a V>, &'a Node<V>) {
+    let mut node = root;
+    let mut depth = 0;
+    loop {
+        let seg = node.bytes.as_slice();
+        let end = depth + seg.len();
+        if key.len() < end || &key[depth..end] != seg {
+            return (None, node);
+        }
+        depth = end;
+        let child = if depth == key.len() {
+            node.terminal()
+        } else {
+            node.find_child(key[depth])
+        };
+        let Some(child) = child else {
+            return (None, node);
+        };
+        if child.is_leaf() {
+            return if child.bytes.as_slice() == key {
+                (child.leaf_value(), child)
+            } else {
+                (None, node)
+            };
+        }
+        node = child;
+    }
+}
+
+/// The inner node whose watch covers every key under `prefix`: the node the
+/// prefix ends in, or the deepest inner node on its path.
+pub(crate) fn prefix_node<'a, V>(root: &'a Node<V>, prefix: &[u8]) -> &'a Node<V> {
+    let mut node = root;
+    let mut depth = 0;
+    loop {
+        let seg = node.bytes.as_slice();
+        let r = &prefix[depth..];
+        if r.len() <= seg.len() {
+            // The prefix ends inside this node's segment (or diverges): any
+            // key under it lives here, or would split this node.
+            return node;
+        }
+        if &r[..seg.len()] != seg {
+            return node;
+        }
+        depth += seg.len();
+        match node.find_child(prefix[depth]) {
+            Some(c) if !c.is_leaf() => node = c,
+            // A leaf (or nothing) below: a new key under the prefix would
+            // change this node.
+            _ => return node,
+        }
+    }
+}

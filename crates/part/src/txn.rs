@@ -1,0 +1,421 @@
+//! `Txn`: builds the next version of a tree.
+//!
+//! Copy-once rule: a node reached for writing is copied only while something
+//! else (an older snapshot, an iterator) still shares it; `Arc::get_mut`
+//! tells. A copy belongs to the transaction alone, so later writes to it in
+//! the same transaction happen in place. The superseded originals are kept in
+//! a list and their watches closed after commit.
+
+use std::ops::RangeBounds;
+
+use triomphe::Arc;
+
+use crate::iter::{IntoIter, Iter, Raw, Scan};
+use crate::node::{Child, Kind, Node};
+use crate::tree::{get, range_scan, Options, Tree};
+use crate::watch::WatchInner;
+use crate::{Error, MAX_KEY_LEN};
+
+/// A write transaction over a [`Tree`]. Dropping it without [`Txn::commit`]
+/// changes nothing.
+pub struct Txn<V> {
+    root: Child<V>,
+    len: usize,
+    opts: Options,
+    rec: Recorder<V>,
+}
+
+/// What a commit must close.
+struct Recorder<V> {
+    /// Superseded nodes that older snapshots may still reach.
+    nodes: Vec<Child<V>>,
+    /// Live watches taken from nodes changed in place.
+    watches: Vec<std::sync::Arc<WatchInner>>,
+    /// Track every node (false: root only).
+    all: bool,
+}
+
+/// Closes the watches of a committed transaction; see [`Txn::commit_only`].
+/// Dropping it notifies too, so no watch is ever lost.
+pub struct Notifier<V> {
+    rec: Recorder<V>,
+}
+
+impl<V> Notifier<V> {
+    /// Fires every watch the transaction invalidated.
+    pub fn notify(self) {}
+}
+
+impl<V> Drop for Notifier<V> {
+    fn drop(&mut self) {
+        for n in self.rec.nodes.drain(..) {
+            n.watch.close();
+        }
+        for w in self.rec.watches.drain(..) {
+            w.close();
+        }
+    }
+}
+
+impl<V> std::fmt::Debug for Notifier<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notifier")
+            .field("nodes", &self.rec.nodes.len())
+            .field("watches", &self.rec.watches.len())
+            .finish()
+    }
+}
+
+impl<V> std::fmt::Debug for Txn<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Txn").field("len", &self.len).finish()
+    }
+}
+
+fn check_key(key: &[u8]) -> Result<(), Error> {
+    if key.len() > MAX_KEY_LEN {
+        Err(Error::KeyTooLong {
+            len: key.len(),
+            max: MAX_KEY_LEN,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+#[inline]
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl<V: Clone> Recorder<V> {
+    /// Exclusive access to the node in `slot`, copying it if it is shared.
+    #[inline]
+    fn make_mut<'a>(&mut self, slot: &'a mut Child<V>, is_root: bool) -> &'a mut Node<V> {
+        let track = self.all || is_root;
+        if Arc::get_mut(slot).is_none() {
+            let copy = Arc::new(slot.shallow_clone());
+            let old = std::mem::replace(slot, copy);
+            if track {
+                self.nodes.push(old);
+            }
+        }
+        match Arc::get_mut(slot) {
+            Some(node) => {
+                // Changed in place: whoever watched the old contents must hear.
+                if let Some(w) = node.watch.take() {
+                    self.watches.push(w);
+                }
+                node
+            }
+            None => unreachable!("a fresh copy is unique"),
+        }
+    }
+
+    /// Records a node leaving the tree.
+    #[inline]
+    fn removed(&mut self, node: Child<V>) {
+        if self.all {
+            self.nodes.push(node);
+        }
+    }
+}
+
+impl<V: Clone> Txn<V> {
+    pub(crate) fn new(tree: Tree<V>) -> Self {
+        Txn {
+            rec: Recorder {
+                nodes: Vec::new(),
+                watches: Vec::new(),
+                all: !tree.opts.root_only_watch,
+            },
+            root: tree.root,
+            len: tree.len,
+            opts: tree.opts,
+        }
+    }
+
+    /// Inserts `value` under `key`; returns the previous value.
+    pub fn insert(&mut self, key: &[u8], value: V) -> Result<Option<V>, Error> {
+        self.modify(key, |_| value)
+    }
+
+    /// Sets `key` to `f(current value)`; returns the previous value.
+    pub fn modify<F: FnOnce(Option<&V>) -> V>(
+        &mut self,
+        key: &[u8],
+        f: F,
+    ) -> Result<Option<V>, Error> {
+        check_key(key)?;
+        let rec = &mut self.rec;
+        let mut slot: &mut Child<V> = &mut self.root;
+        let mut depth = 0usize;
+        let mut is_root = true;
+        loop {
+            // Where does the key leave the path through this node?
+            let split = {
+                let n: &Node<V> = slot;
+                if n.is_leaf() {
+                    if n.bytes.as_slice() == key {
+                        return Ok(Some(replace_leaf(rec, slot, key, f)));
+                    }
+                    Some(common_prefix(&n.bytes[depth..], &key[depth..]))
+                } else {
+                    let cp = common_prefix(&n.bytes, &key[depth..]);
+                    (cp < n.bytes.len()).then_some(cp)
+                }
+            };
+            if let Some(cp) = split {
+                // A new inner node takes the common part; the old node and
+                // the new leaf hang below it.
+                let mut inner = Node::empty_inner(&key[depth..depth + cp]);
+                inner.place(depth + cp, Node::leaf(key, f(None)));
+                let mut old = std::mem::replace(slot, Arc::new(inner));
+                if !old.is_leaf() {
+                    rec.make_mut(&mut old, false).bytes.drain(..cp);
+                }
+                match Arc::get_mut(slot) {
+                    Some(inner) => inner.place(depth + cp, old),
+                    None => unreachable!("a fresh node is unique"),
+                }
+                self.len += 1;
+                return Ok(None);
+            }
+            let node = rec.make_mut(slot, is_root);
+            is_root = false;
+            depth += node.bytes.len();
+            if depth == key.len() {
+                let Some(term) = node.terminal_mut() else {
+                    unreachable!("inner nodes have a terminal slot")
+                };
+                return Ok(match term {
+                    Some(leaf) => Some(replace_leaf(rec, leaf, key, f)),
+                    None => {
+                        *term = Some(Node::leaf(key, f(None)));
+                        self.len += 1;
+                        None
+                    }
+                });
+            }
+            let b = key[depth];
+            if node.find_child(b).is_none() {
+                node.add_child(b, Node::leaf(key, f(None)));
+                self.len += 1;
+                return Ok(None);
+            }
+            match node.find_child_mut(b) {
+                Some(child) => slot = child,
+                None => unreachable!("child checked above"),
+            }
+        }
+    }
+
+    /// Removes `key`; returns its value.
+    pub fn delete(&mut self, key: &[u8]) -> Option<V> {
+        get(&self.root, key)?;
+        let rec = &mut self.rec;
+        let mut slot: &mut Child<V> = &mut self.root;
+        let mut depth = 0usize;
+        let mut is_root = true;
+        loop {
+            // Some(leaf) once the key's leaf is unlinked from this node;
+            // None to descend.
+            let unlinked = {
+                let node = rec.make_mut(slot, is_root);
+                depth += node.bytes.len();
+                if depth == key.len() {
+                    Some(node.terminal_mut().and_then(Option::take))
+                } else if node.find_child(key[depth]).is_some_and(|c| !c.is_leaf()) {
+                    None
+                } else {
+                    Some(node.remove_child(key[depth]))
+                }
+            };
+            match unlinked {
+                None => {
+                    slot = child_slot(slot, key[depth]);
+                    is_root = false;
+                }
+                Some(leaf) => {
+                    let value = take_value(leaf?, rec);
+                    if !is_root {
+                        normalize(rec, slot);
+                    }
+                    self.len -= 1;
+                    return Some(value);
+                }
+            }
+        }
+    }
+
+    /// The value under `key`, this transaction's writes included.
+    pub fn get(&self, key: &[u8]) -> Option<&V> {
+        get(&self.root, key)
+    }
+
+    /// Number of keys, this transaction's writes included.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the transaction's tree is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Ascending iteration over this transaction's current state.
+    pub fn iter(&self) -> Iter<'_, V> {
+        self.scan(&Scan::All, false)
+    }
+
+    /// Keys under `prefix`, ascending, this transaction's writes included.
+    pub fn prefix(&self, prefix: &[u8]) -> Iter<'_, V> {
+        self.scan(&Scan::Prefix(prefix.to_vec()), false)
+    }
+
+    /// Keys within `range`, ascending, this transaction's writes included.
+    pub fn range<'k, R: RangeBounds<&'k [u8]>>(&self, range: R) -> Iter<'_, V> {
+        self.scan(&range_scan(range), false)
+    }
+
+    /// A borrowing iterator over any scan of the transaction's state.
+    pub fn scan(&self, scan: &Scan, rev: bool) -> Iter<'_, V> {
+        Iter {
+            raw: Raw::new(&*self.root, scan, rev),
+        }
+    }
+
+    /// An owning iterator over the transaction's current state. It shares
+    /// nodes with the transaction, so later writes copy them again.
+    pub fn scan_owned(&self, scan: &Scan, rev: bool) -> IntoIter<V> {
+        IntoIter {
+            raw: Raw::new(self.root.clone(), scan, rev),
+        }
+    }
+
+    /// Checks the structural invariants of the transaction's current tree.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        crate::check::check_root(&self.root, self.len)
+    }
+
+    /// Removes every key.
+    pub fn clear(&mut self) {
+        let empty = Arc::new(Node::empty_inner(&[]));
+        let old = std::mem::replace(&mut self.root, empty);
+        self.len = 0;
+        if !self.rec.all {
+            self.rec.nodes.push(old);
+            return;
+        }
+        // Every watcher of the old contents must hear: close every node.
+        let mut stack = vec![old];
+        while let Some(n) = stack.pop() {
+            if let Some(t) = n.terminal() {
+                stack.push(t.clone());
+            }
+            let mut pos = 0;
+            while let Some((p, c)) = n.next_child(pos) {
+                pos = p + 1;
+                stack.push(c.clone());
+            }
+            self.rec.nodes.push(n);
+        }
+    }
+
+    /// Commits: returns the new tree and closes the watches of everything it
+    /// changed (after the tree exists, never before).
+    pub fn commit(self) -> Tree<V> {
+        let (tree, notifier) = self.commit_only();
+        notifier.notify();
+        tree
+    }
+
+    /// Commits without notifying: publish the tree first, then call
+    /// [`Notifier::notify`] (or drop it) so watchers see the new state.
+    pub fn commit_only(self) -> (Tree<V>, Notifier<V>) {
+        let tree = Tree {
+            root: self.root,
+            len: self.len,
+            opts: self.opts,
+        };
+        (tree, Notifier { rec: self.rec })
+    }
+}
+
+/// The slot of the child under `b` of the (private) node in `slot`.
+fn child_slot<V>(slot: &mut Child<V>, b: u8) -> &mut Child<V> {
+    match Arc::get_mut(slot).and_then(|n| n.find_child_mut(b)) {
+        Some(c) => c,
+        None => unreachable!("descending into a private node's existing child"),
+    }
+}
+
+/// Replaces the value of the leaf in `slot`; returns the old value.
+fn replace_leaf<V: Clone, F: FnOnce(Option<&V>) -> V>(
+    rec: &mut Recorder<V>,
+    slot: &mut Child<V>,
+    key: &[u8],
+    f: F,
+) -> V {
+    if let Some(node) = Arc::get_mut(slot) {
+        if let Some(w) = node.watch.take() {
+            rec.watches.push(w);
+        }
+        if let Kind::Leaf(v) = &mut node.kind {
+            let new = f(Some(v));
+            return std::mem::replace(v, new);
+        }
+    }
+    let new = f(slot.leaf_value());
+    let old = std::mem::replace(slot, Node::leaf(key, new));
+    take_value(old, rec)
+}
+
+/// The value of a leaf leaving the tree (moved out when nothing else holds
+/// it, cloned otherwise).
+fn take_value<V: Clone>(leaf: Child<V>, rec: &mut Recorder<V>) -> V {
+    let value = match leaf.leaf_value() {
+        Some(v) => v.clone(),
+        None => unreachable!("removed entries are leaves"),
+    };
+    rec.removed(leaf);
+    value
+}
+
+/// Restores the inner-node invariants of the (already private) node in
+/// `slot` after a removal: a node left with only a terminal becomes that
+/// leaf; a node left with one child and no terminal merges into it.
+fn normalize<V: Clone>(rec: &mut Recorder<V>, slot: &mut Child<V>) {
+    let (children, has_terminal) = (slot.num_children(), slot.terminal().is_some());
+    match (children, has_terminal) {
+        (0, true) => {
+            let Some(node) = Arc::get_mut(slot) else {
+                unreachable!("normalize runs on a private node")
+            };
+            if let Some(leaf) = node.terminal_mut().and_then(Option::take) {
+                *slot = leaf;
+            }
+        }
+        (1, false) => {
+            let Some(node) = Arc::get_mut(slot) else {
+                unreachable!("normalize runs on a private node")
+            };
+            let Some(b) = node.first_child_byte() else {
+                unreachable!("one child")
+            };
+            let Some(mut child) = node.remove_child(b) else {
+                unreachable!("child present")
+            };
+            if !child.is_leaf() {
+                let segment = std::mem::take(&mut node.bytes);
+                let c = rec.make_mut(&mut child, false);
+                let mut joined = segment;
+                joined.extend_from_slice(&c.bytes);
+                c.bytes = joined;
+            }
+            *slot = child;
+        }
+        _ => {}
+    }
+}

@@ -1,0 +1,309 @@
+//! Watches: one-shot "something you read has changed" signals.
+//!
+//! A [`Watch`] is closed once; it can be polled, waited on blocking (with or
+//! without a timeout) or awaited from any async runtime. A [`WatchSet`] waits
+//! for the first of many.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use event_listener::{Event, EventListener};
+
+use crate::sync::{AtomicBool, Ordering};
+
+/// The shared state behind a live watch.
+pub(crate) struct WatchInner {
+    closed: AtomicBool,
+    event: Event,
+}
+
+impl WatchInner {
+    pub(crate) fn new() -> Self {
+        WatchInner {
+            closed: AtomicBool::new(false),
+            event: Event::new(),
+        }
+    }
+
+    /// Closes the watch and wakes every waiter.
+    pub(crate) fn close(&self) {
+        // SeqCst pairs with the SeqCst load after `listen()` in `poll_closed`:
+        // either the waiter sees the flag or its listener is registered before
+        // `notify` runs.
+        if !self.closed.swap(true, Ordering::SeqCst) {
+            self.event.notify(usize::MAX);
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+}
+
+/// A one-shot change notification.
+///
+/// Cloning is cheap; every clone fires together.
+#[derive(Clone)]
+pub struct Watch {
+    /// `None`: closed from the start (no allocation).
+    inner: Option<Arc<WatchInner>>,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watch")
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+impl Watch {
+    pub(crate) fn closed() -> Self {
+        Watch { inner: None }
+    }
+
+    pub(crate) fn from_inner(inner: Arc<WatchInner>) -> Self {
+        Watch { inner: Some(inner) }
+    }
+
+    /// Whether the watch has fired.
+    pub fn is_closed(&self) -> bool {
+        self.inner.as_ref().is_none_or(|i| i.is_closed())
+    }
+
+    /// Blocks the thread until the watch fires.
+    pub fn wait(&self) {
+        block_on(self.changed(), None);
+    }
+
+    /// Blocks until the watch fires or `timeout` passes; true if it fired.
+    pub fn wait_timeout(&self, timeout: Duration) -> bool {
+        block_on(self.changed(), Some(Instant::now() + timeout)).is_some()
+    }
+
+    /// A future that completes when the watch fires; works on any runtime.
+    pub fn changed(&self) -> Changed {
+        Changed {
+            inner: self.inner.clone(),
+            listener: None,
+        }
+    }
+}
+
+impl std::future::IntoFuture for Watch {
+    type Output = ();
+    type IntoFuture = Changed;
+    fn into_future(self) -> Changed {
+        Changed {
+            inner: self.inner,
+            listener: None,
+        }
+    }
+}
+
+/// Future returned by [`Watch::changed`].
+pub struct Changed {
+    inner: Option<Arc<WatchInner>>,
+    listener: Option<EventListener>,
+}
+
+impl std::fmt::Debug for Changed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Changed").finish_non_exhaustive()
+    }
+}
+
+impl Future for Changed {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let Some(inner) = &this.inner else {
+            return Poll::Ready(());
+        };
+        loop {
+            if inner.is_closed() {
+                return Poll::Ready(());
+            }
+            match &mut this.listener {
+                None => this.listener = Some(inner.event.listen()),
+                Some(l) => match Pin::new(l).poll(cx) {
+                    Poll::Ready(()) => this.listener = None,
+                    Poll::Pending => return Poll::Pending,
+                },
+            }
+        }
+    }
+}
+
+/// Waits for the first of several watches.
+#[derive(Default, Debug)]
+pub struct WatchSet {
+    watches: Vec<Watch>,
+}
+
+impl WatchSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a watch; returns its index in the set.
+    pub fn add(&mut self, w: Watch) -> usize {
+        self.watches.push(w);
+        self.watches.len() - 1
+    }
+
+    /// Number of watches in the set.
+    pub fn len(&self) -> usize {
+        self.watches.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.watches.is_empty()
+    }
+
+    /// Removes every watch.
+    pub fn clear(&mut self) {
+        self.watches.clear();
+    }
+
+    /// Indices of the watches that have fired.
+    pub fn closed(&self) -> Vec<usize> {
+        (0..self.watches.len())
+            .filter(|&i| self.watches[i].is_closed())
+            .collect()
+    }
+
+    /// A future yielding the index of the first watch to fire; pending
+    /// forever on an empty set.
+    pub fn first(&self) -> First {
+        First {
+            futs: self.watches.iter().map(Watch::changed).collect(),
+        }
+    }
+
+    /// Blocks until one watch fires or the timeout passes; returns its index.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<usize> {
+        block_on(self.first(), Some(Instant::now() + timeout))
+    }
+
+    /// Blocks until one watch fires; returns its index (`None` on an empty set).
+    pub fn wait(&self) -> Option<usize> {
+        if self.is_empty() {
+            return None;
+        }
+        block_on(self.first(), None)
+    }
+}
+
+/// Future returned by [`WatchSet::first`].
+#[derive(Debug)]
+pub struct First {
+    futs: Vec<Changed>,
+}
+
+impl Future for First {
+    type Output = usize;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<usize> {
+        let this = self.get_mut();
+        for (i, f) in this.futs.iter_mut().enumerate() {
+            if Pin::new(f).poll(cx).is_ready() {
+                return Poll::Ready(i);
+            }
+        }
+        Poll::Pending
+    }
+}
+
+struct ThreadWaker(std::thread::Thread);
+
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Runs a future to completion on this thread, parking between polls.
+fn block_on<F: Future>(fut: F, deadline: Option<Instant>) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return Some(v);
+        }
+        match deadline {
+            None => std::thread::park(),
+            Some(d) => {
+                let now = Instant::now();
+                if now >= d {
+                    return None;
+                }
+                std::thread::park_timeout(d - now);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn live() -> (Arc<WatchInner>, Watch) {
+        let i = Arc::new(WatchInner::new());
+        (i.clone(), Watch::from_inner(i))
+    }
+
+    #[test]
+    fn closed_watch_is_ready() {
+        let w = Watch::closed();
+        assert!(w.is_closed());
+        assert!(w.wait_timeout(Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn timeout_without_close() {
+        let (_i, w) = live();
+        assert!(!w.wait_timeout(Duration::from_millis(20)));
+    }
+
+    #[test]
+    fn wakes_blocked_thread() {
+        let (i, w) = live();
+        let t = std::thread::spawn(move || w.wait_timeout(Duration::from_secs(10)));
+        std::thread::sleep(Duration::from_millis(20));
+        i.close();
+        assert!(t.join().unwrap());
+    }
+
+    #[test]
+    fn set_returns_first_fired() {
+        let (_a, wa) = live();
+        let (b, wb) = live();
+        let mut set = WatchSet::new();
+        set.add(wa);
+        set.add(wb);
+        assert_eq!(set.wait_timeout(Duration::from_millis(5)), None);
+        let t = std::thread::spawn(move || set.wait_timeout(Duration::from_secs(10)));
+        std::thread::sleep(Duration::from_millis(20));
+        b.close();
+        assert_eq!(t.join().unwrap(), Some(1));
+    }
+
+    #[test]
+    fn awaitable() {
+        let (i, w) = live();
+        let t = std::thread::spawn(move || block_on(w.into_future(), None));
+        std::thread::sleep(Duration::from_millis(10));
+        i.close();
+        assert_eq!(t.join().unwrap(), Some(()));
+    }
+    use std::future::IntoFuture;
+}

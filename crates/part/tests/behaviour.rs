@@ -1,0 +1,268 @@
+//! Node kinds, hysteresis, watches both ways, limits, snapshots across
+//! threads, and a concurrent watch stress test.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use part::check::{check, kinds};
+use part::{Error, Options, Tree, WatchSet, MAX_KEY_LEN};
+
+fn tree_of(keys: &[&[u8]]) -> Tree<u32> {
+    let mut t = Tree::new().txn();
+    for (i, k) in keys.iter().enumerate() {
+        t.insert(k, i as u32).unwrap();
+    }
+    t.commit()
+}
+
+#[test]
+fn grows_through_every_kind_and_back() {
+    let mut t: Tree<u32> = Tree::new();
+    for b in 0..=255u8 {
+        t = t.insert(&[b, 1], b as u32).unwrap().0;
+        check(&t).unwrap();
+    }
+    assert_eq!(kinds(&t)[4], 1, "root is a node256");
+    for b in (0..=255u8).rev() {
+        t = t.delete(&[b, 1]).0;
+        check(&t).unwrap();
+        let k = kinds(&t);
+        let n = b as usize;
+        match n {
+            38.. => assert_eq!(k[4], 1, "node256 at {n}"),
+            13..=37 => assert_eq!(k[3], 1, "node48 at {n}"),
+            4..=12 => assert_eq!(k[2], 1, "node16 at {n}"),
+            _ => assert_eq!(k[1], 1, "node4 at {n}"),
+        }
+    }
+    assert!(t.is_empty());
+}
+
+#[test]
+fn insert_delete_at_a_boundary_does_not_flap() {
+    // 17 children: a node48. Delete one (16 left) and re-insert: still a node48.
+    let keys: Vec<[u8; 1]> = (0..17u8).map(|b| [b]).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let mut t = tree_of(&refs);
+    assert_eq!(kinds(&t)[3], 1);
+    for _ in 0..10 {
+        t = t.delete(&[16]).0;
+        assert_eq!(kinds(&t)[3], 1, "no shrink on one delete");
+        t = t.insert(&[16], 0).unwrap().0;
+        assert_eq!(kinds(&t)[3], 1);
+    }
+}
+
+#[test]
+fn empty_key_and_prefix_keys() {
+    let t = tree_of(&[b"", b"a", b"ab", b"abc", b"b"]);
+    check(&t).unwrap();
+    assert_eq!(t.get(b""), Some(&0));
+    assert_eq!(t.get(b"ab"), Some(&2));
+    let keys: Vec<_> = t.iter().map(|(k, _)| k.to_vec()).collect();
+    assert_eq!(
+        keys,
+        vec![
+            b"".to_vec(),
+            b"a".to_vec(),
+            b"ab".to_vec(),
+            b"abc".to_vec(),
+            b"b".to_vec()
+        ]
+    );
+    let t = t.delete(b"ab").0;
+    check(&t).unwrap();
+    assert_eq!(t.get(b"abc"), Some(&3));
+    let t = t.delete(b"").0;
+    assert_eq!(t.get(b""), None);
+    assert_eq!(t.len(), 3);
+}
+
+#[test]
+fn long_keys_work_and_too_long_is_an_error() {
+    let long = vec![7u8; 64 * 1024];
+    let mut other = long.clone();
+    other.push(1);
+    let t = tree_of(&[&long, &other]);
+    check(&t).unwrap();
+    assert_eq!(t.get(&long), Some(&0));
+    assert_eq!(t.get(&other), Some(&1));
+    let too_long = vec![0u8; MAX_KEY_LEN + 1];
+    let err = Tree::<u32>::new().insert(&too_long, 1).err();
+    assert_eq!(
+        err,
+        Some(Error::KeyTooLong {
+            len: MAX_KEY_LEN + 1,
+            max: MAX_KEY_LEN
+        })
+    );
+}
+
+#[test]
+fn deep_chain_of_prefix_keys_does_not_overflow_the_stack() {
+    // Every key a prefix of the next: the tree is as deep as the keys are long.
+    let n = 6_000;
+    let mut txn = Tree::new().txn();
+    let mut key = Vec::new();
+    for i in 0..n {
+        key.push(b'x');
+        txn.insert(&key, i).unwrap();
+    }
+    let t = txn.commit();
+    assert_eq!(t.len(), n as usize);
+    assert_eq!(t.iter().count(), n as usize);
+    assert_eq!(t.iter_rev().next().map(|(k, _)| k.len()), Some(n as usize));
+    let mut txn = t.txn();
+    for i in (0..n as usize).step_by(2) {
+        txn.delete(&key[..i + 1]);
+    }
+    drop(t);
+    let t = txn.commit();
+    assert_eq!(t.len(), n as usize / 2);
+    drop(t); // dropping a deep tree must not recurse
+}
+
+#[test]
+fn dropping_a_txn_changes_nothing() {
+    let t = tree_of(&[b"a", b"b"]);
+    let (_, w) = t.get_watch(b"a");
+    let mut txn = t.txn();
+    txn.insert(b"a", 9).unwrap();
+    txn.delete(b"b");
+    drop(txn);
+    assert_eq!(t.get(b"a"), Some(&0));
+    assert_eq!(t.len(), 2);
+    assert!(!w.is_closed());
+}
+
+#[test]
+fn watches_on_unrelated_subtrees_do_not_fire() {
+    let t = tree_of(&[b"alpha/1", b"alpha/2", b"beta/1", b"beta/2"]);
+    let (_, key_w) = t.get_watch(b"alpha/1");
+    let (_, missing_w) = t.get_watch(b"alpha/3");
+    let (_, prefix_w) = t.prefix_watch(b"alpha/");
+    let (_, beta_w) = t.prefix_watch(b"beta/");
+    let mut txn = t.txn();
+    txn.insert(b"beta/3", 1).unwrap();
+    txn.delete(b"beta/1");
+    let t2 = txn.commit();
+    assert!(beta_w.is_closed());
+    assert!(!key_w.is_closed());
+    assert!(!missing_w.is_closed());
+    assert!(!prefix_w.is_closed());
+    // A sibling under the same prefix changes: the prefix watch and the
+    // missing-key watch fire, the untouched key's watch does not.
+    let t3 = t2.insert(b"alpha/3", 5).unwrap().0;
+    assert!(prefix_w.is_closed());
+    assert!(missing_w.is_closed());
+    assert!(!key_w.is_closed());
+    t3.insert(b"alpha/1", 9).unwrap();
+    assert!(key_w.is_closed());
+}
+
+#[test]
+fn watch_on_a_superseded_snapshot_is_already_closed() {
+    let t = tree_of(&[b"k"]);
+    let t2 = t.insert(b"k", 1).unwrap().0;
+    // Nobody watched `k` in `t` before the commit; asking now returns a closed
+    // watch: the value has changed since that snapshot.
+    assert!(t.get_watch(b"k").1.is_closed());
+    assert!(!t2.get_watch(b"k").1.is_closed());
+}
+
+#[test]
+fn commit_only_defers_notification() {
+    let t = tree_of(&[b"k"]);
+    let (_, w) = t.get_watch(b"k");
+    let mut txn = t.txn();
+    txn.insert(b"k", 2).unwrap();
+    let (t2, notifier) = txn.commit_only();
+    assert!(!w.is_closed(), "not before the notifier runs");
+    assert_eq!(t2.get(b"k"), Some(&2));
+    notifier.notify();
+    assert!(w.is_closed());
+}
+
+#[test]
+fn root_only_watch_fires_on_any_change() {
+    let t: Tree<u32> = Tree::with_options(Options {
+        root_only_watch: true,
+    });
+    let t = t.insert(b"a", 1).unwrap().0.insert(b"b", 2).unwrap().0;
+    let (_, w) = t.get_watch(b"a");
+    let t2 = t.insert(b"zzz", 3).unwrap().0;
+    assert!(w.is_closed());
+    check(&t2).unwrap();
+}
+
+#[test]
+fn watch_set_reports_the_first_to_fire() {
+    let t = tree_of(&[b"a", b"b"]);
+    let mut set = WatchSet::new();
+    set.add(t.get_watch(b"a").1);
+    set.add(t.get_watch(b"b").1);
+    assert_eq!(set.wait_timeout(Duration::from_millis(5)), None);
+    t.insert(b"b", 7).unwrap();
+    assert_eq!(set.wait_timeout(Duration::from_secs(1)), Some(1));
+}
+
+#[test]
+fn snapshots_and_owned_iterators_cross_threads() {
+    let t = tree_of(&[b"a", b"b", b"c"]);
+    let it = t.clone().into_iter();
+    drop(t);
+    let keys = std::thread::spawn(move || it.map(|e| e.key().to_vec()).collect::<Vec<_>>())
+        .join()
+        .unwrap();
+    assert_eq!(keys, vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+}
+
+/// A writer commits changes to one key while readers repeatedly take the
+/// published snapshot, ask for a watch and wait: every watch on a snapshot
+/// that is no longer the latest must fire. Run with several seeds of timing.
+#[test]
+fn concurrent_watchers_never_miss_a_commit() {
+    let published = Arc::new(Mutex::new(tree_of(&[b"key", b"other"])));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for r in 0..3 {
+        let published = published.clone();
+        let stop = stop.clone();
+        readers.push(std::thread::spawn(move || {
+            let mut waited = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                let snap = published.lock().unwrap().clone();
+                let key: &[u8] = if r == 0 { b"key" } else { b"ke" };
+                let w = if r == 2 {
+                    snap.prefix_watch(key).1
+                } else {
+                    snap.get_watch(key).1
+                };
+                if !w.wait_timeout(Duration::from_secs(2)) {
+                    // Only the final snapshot may stay unfired.
+                    let latest = published.lock().unwrap().clone();
+                    assert!(latest.ptr_eq(&snap), "watch lost on a superseded snapshot");
+                    return waited;
+                }
+                waited += 1;
+            }
+            waited
+        }));
+    }
+    for i in 0..3000u32 {
+        let cur = published.lock().unwrap().clone();
+        let mut txn = cur.txn();
+        txn.insert(b"key", i).unwrap();
+        txn.insert(&i.to_be_bytes(), i).unwrap();
+        let (next, notifier) = txn.commit_only();
+        *published.lock().unwrap() = next;
+        notifier.notify();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    // Wake readers blocked on the final snapshot.
+    let cur = published.lock().unwrap().clone();
+    *published.lock().unwrap() = cur.insert(b"key", 0).unwrap().0;
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+}

@@ -1,0 +1,236 @@
+//! Model-based property tests: the tree against `BTreeMap`.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use part::{check::check, Scan, Tree};
+use proptest::prelude::*;
+
+type Model = BTreeMap<Vec<u8>, u32>;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(Vec<u8>, u32),
+    Modify(Vec<u8>, u32),
+    Delete(Vec<u8>),
+    Commit,
+    Abort,
+    Snapshot,
+    Query(Vec<u8>, Vec<u8>),
+    Clear,
+}
+
+/// Keys from a small alphabet (shared prefixes, keys that are prefixes of
+/// others, 0x00 and 0xff bytes), or from all bytes (wide nodes).
+fn key() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        3 => proptest::collection::vec(prop_oneof![Just(0u8), Just(1), Just(b'a'), Just(b'b'), Just(0xff)], 0..6),
+        2 => proptest::collection::vec(any::<u8>(), 1..3),
+        1 => (any::<u8>(), proptest::collection::vec(Just(7u8), 0..40)).prop_map(|(b, mut v)| { v.insert(0, b); v }),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        10 => (key(), any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
+        2 => (key(), any::<u32>()).prop_map(|(k, v)| Op::Modify(k, v)),
+        6 => key().prop_map(Op::Delete),
+        2 => Just(Op::Commit),
+        1 => Just(Op::Abort),
+        1 => Just(Op::Snapshot),
+        3 => (key(), key()).prop_map(|(a, b)| Op::Query(a, b)),
+        1 => (0u8..40).prop_map(|x| if x == 0 { Op::Clear } else { Op::Commit }),
+    ]
+}
+
+fn collect<'a>(it: impl Iterator<Item = (&'a [u8], &'a u32)>) -> Vec<(Vec<u8>, u32)> {
+    it.map(|(k, v)| (k.to_vec(), *v)).collect()
+}
+
+fn model_range(m: &Model, lo: Bound<Vec<u8>>, hi: Bound<Vec<u8>>) -> Vec<(Vec<u8>, u32)> {
+    // BTreeMap::range panics on inverted bounds; filter instead.
+    m.iter()
+        .filter(|(k, _)| {
+            let above = match &lo {
+                Bound::Included(l) => *k >= l,
+                Bound::Excluded(l) => *k > l,
+                Bound::Unbounded => true,
+            };
+            let below = match &hi {
+                Bound::Included(h) => *k <= h,
+                Bound::Excluded(h) => *k < h,
+                Bound::Unbounded => true,
+            };
+            above && below
+        })
+        .map(|(k, v)| (k.clone(), *v))
+        .collect()
+}
+
+fn rev(mut v: Vec<(Vec<u8>, u32)>) -> Vec<(Vec<u8>, u32)> {
+    v.reverse();
+    v
+}
+
+/// Every read and every scan kind, both directions, borrowing and owning.
+fn check_reads(t: &Tree<u32>, m: &Model, a: &[u8], b: &[u8]) -> Result<(), TestCaseError> {
+    prop_assert_eq!(t.len(), m.len());
+    prop_assert_eq!(t.is_empty(), m.is_empty());
+    for (k, v) in m {
+        prop_assert_eq!(t.get(k), Some(v));
+    }
+    prop_assert_eq!(t.get(a), m.get(a));
+    let all: Vec<_> = m.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    prop_assert_eq!(collect(t.iter()), all.clone());
+    prop_assert_eq!(collect(t.iter_rev()), rev(all.clone()));
+    prop_assert_eq!(
+        t.first().map(|(k, v)| (k.to_vec(), *v)),
+        all.first().cloned()
+    );
+    prop_assert_eq!(t.last().map(|(k, v)| (k.to_vec(), *v)), all.last().cloned());
+
+    let pre: Vec<_> = all
+        .iter()
+        .filter(|(k, _)| k.starts_with(a))
+        .cloned()
+        .collect();
+    prop_assert_eq!(collect(t.prefix(a)), pre.clone());
+    prop_assert_eq!(collect(t.prefix_rev(a)), rev(pre));
+
+    let lb = model_range(m, Bound::Included(a.to_vec()), Bound::Unbounded);
+    prop_assert_eq!(collect(t.lower_bound(a)), lb.clone());
+    prop_assert_eq!(collect(t.lower_bound_rev(a)), rev(lb));
+
+    let bounds = [
+        (Bound::Included(a.to_vec()), Bound::Excluded(b.to_vec())),
+        (Bound::Included(a.to_vec()), Bound::Included(b.to_vec())),
+        (Bound::Excluded(a.to_vec()), Bound::Included(b.to_vec())),
+        (Bound::Excluded(a.to_vec()), Bound::Excluded(b.to_vec())),
+        (Bound::Unbounded, Bound::Excluded(b.to_vec())),
+        (Bound::Excluded(a.to_vec()), Bound::Unbounded),
+    ];
+    for (lo, hi) in bounds {
+        let want = model_range(m, lo.clone(), hi.clone());
+        let scan = Scan::Range(lo, hi);
+        prop_assert_eq!(collect(t.scan(&scan, false)), want.clone(), "{:?}", scan);
+        prop_assert_eq!(
+            collect(t.scan(&scan, true)),
+            rev(want.clone()),
+            "rev {:?}",
+            scan
+        );
+        let owned: Vec<_> = t
+            .scan_owned(&scan, true)
+            .map(|e| (e.key().to_vec(), *e.value()))
+            .collect();
+        prop_assert_eq!(owned, rev(want));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn tree_matches_btreemap(ops in proptest::collection::vec(op(), 1..120)) {
+        let mut tree: Tree<u32> = Tree::new();
+        let mut committed: Model = Model::new();
+        let mut txn = tree.txn();
+        let mut model = committed.clone();
+        let mut snapshots: Vec<(Tree<u32>, Model)> = Vec::new();
+
+        for op in ops {
+            match op {
+                Op::Insert(k, v) => {
+                    let old = txn.insert(&k, v).unwrap();
+                    prop_assert_eq!(old, model.insert(k, v));
+                }
+                Op::Modify(k, v) => {
+                    let old = txn.modify(&k, |o| o.copied().unwrap_or(0).wrapping_add(v)).unwrap();
+                    let want = model.get(&k).copied();
+                    prop_assert_eq!(old, want);
+                    model.insert(k, want.unwrap_or(0).wrapping_add(v));
+                }
+                Op::Delete(k) => {
+                    prop_assert_eq!(txn.delete(&k), model.remove(&k));
+                }
+                Op::Clear => {
+                    txn.clear();
+                    model.clear();
+                }
+                Op::Commit => {
+                    tree = txn.commit();
+                    committed = model.clone();
+                    check(&tree).map_err(TestCaseError::fail)?;
+                    txn = tree.txn();
+                }
+                Op::Abort => {
+                    drop(txn);
+                    txn = tree.txn();
+                    model = committed.clone();
+                }
+                Op::Snapshot => snapshots.push((tree.clone(), committed.clone())),
+                Op::Query(a, b) => {
+                    check_reads(&tree, &committed, &a, &b)?;
+                    prop_assert_eq!(collect(txn.iter()), model.iter().map(|(k, v)| (k.clone(), *v)).collect::<Vec<_>>());
+                    prop_assert_eq!(txn.get(&a), model.get(&a));
+                }
+            }
+            txn.check_invariants().map_err(TestCaseError::fail)?;
+            prop_assert_eq!(txn.len(), model.len());
+        }
+        let tree = txn.commit();
+        check(&tree).map_err(TestCaseError::fail)?;
+        check_reads(&tree, &model, b"a", b"b")?;
+        for (snap, m) in &snapshots {
+            check(snap).map_err(TestCaseError::fail)?;
+            check_reads(snap, m, b"\x01", b"\xff")?;
+        }
+    }
+
+    /// Every watch whose result changed has fired after commit; none fires
+    /// before; key watches on existing keys fire exactly when the value changed.
+    #[test]
+    fn watches_fire_when_results_change(
+        init in proptest::collection::vec((key(), any::<u32>()), 0..60),
+        writes in proptest::collection::vec(op(), 1..30),
+        probes in proptest::collection::vec(key(), 1..12),
+    ) {
+        let mut txn = Tree::new().txn();
+        for (k, v) in &init {
+            txn.insert(k, *v).unwrap();
+        }
+        let t0 = txn.commit();
+        let key_watches: Vec<_> = probes.iter().map(|k| (k.clone(), t0.get_watch(k).1)).collect();
+        let prefix_watches: Vec<_> = probes.iter().map(|p| (p.clone(), t0.prefix_watch(p).1)).collect();
+
+        let mut txn = t0.txn();
+        for op in writes {
+            match op {
+                Op::Insert(k, v) | Op::Modify(k, v) => { txn.insert(&k, v).unwrap(); }
+                Op::Delete(k) => { txn.delete(&k); }
+                Op::Clear => txn.clear(),
+                _ => {}
+            }
+        }
+        for (_, w) in key_watches.iter().chain(&prefix_watches) {
+            prop_assert!(!w.is_closed(), "fired before commit");
+        }
+        let (t1, notifier) = txn.commit_only();
+        notifier.notify();
+        for (k, w) in &key_watches {
+            let changed = t0.get(k) != t1.get(k);
+            if changed {
+                prop_assert!(w.is_closed(), "key watch on {:?} not fired", k);
+            }
+            if t0.get(k).is_some() {
+                prop_assert_eq!(w.is_closed(), changed, "existing key {:?}", k);
+            }
+        }
+        for (p, w) in &prefix_watches {
+            if collect(t0.prefix(p)) != collect(t1.prefix(p)) {
+                prop_assert!(w.is_closed(), "prefix watch on {:?} not fired", p);
+            }
+        }
+    }
+}
