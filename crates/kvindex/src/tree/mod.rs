@@ -133,6 +133,14 @@ impl ConcurrentIndex {
                 shape.nodes += 1;
                 shape.blocks += g.blocks.len();
                 shape.holder_blocks += g.blocks.len() * g.workers.len();
+                if g.workers.is_empty() && g.children.is_none() {
+                    shape.empty_leaves += 1;
+                }
+                if let Some(c) = g.children.single() {
+                    if c.read().workers == g.workers {
+                        shape.mergeable += 1;
+                    }
+                }
             }
             if matches!(g.children, node::Children::Many(_)) {
                 shape.map_children += 1;
@@ -156,6 +164,11 @@ pub struct TreeShape {
     pub holder_blocks: usize,
     /// Nodes whose children live in a hash map (two or more children).
     pub map_children: usize,
+    /// Workerless leaves (should be unlinked: always 0 when quiescent).
+    pub empty_leaves: usize,
+    /// Nodes with a single child held by the same workers (should have been
+    /// merged: 0 when quiescent).
+    pub mergeable: usize,
 }
 
 impl KvIndexer for ConcurrentIndex {

@@ -183,7 +183,15 @@ impl ConcurrentIndex {
                     }
                     debug_assert!(m > 0);
                     if m < cg.blocks.len() {
-                        split(&mut cg, m);
+                        if cg.workers.is_empty() && cg.children.is_none() {
+                            // A workerless leaf (about to be unlinked by the
+                            // writer that emptied it): nobody holds its tail,
+                            // so drop the tail instead of splitting it off
+                            // into a new workerless leaf nobody would unlink.
+                            cg.blocks.truncate(m);
+                        } else {
+                            split(&mut cg, m);
+                        }
                     }
                     set_insert(&mut cg.workers, w);
                     stored += m as u64;
@@ -431,6 +439,14 @@ impl ConcurrentIndex {
             let mut cg = c.write_arc();
             if cg.dead || cg.workers != g.workers || cg.start != g.end() {
                 return;
+            }
+            if cg.workers.is_empty() && cg.children.is_none() {
+                // A workerless leaf is unlinked, not absorbed (absorbing it
+                // would leave a workerless leaf behind).
+                drop(cg);
+                drop(g);
+                self.try_kill(c);
+                continue;
             }
             let run = std::mem::take(&mut cg.blocks);
             g.blocks.extend(run);

@@ -1,6 +1,8 @@
 //! Shared test helpers: a per-worker HashSet model and event builders.
 #![allow(dead_code)]
 
+pub mod stream;
+
 use std::collections::{HashMap, HashSet};
 
 use kvindex::{
