@@ -1,2 +1,75 @@
 //! The `arbor` command-line tool.
-fn main() {}
+//!
+//! `arbor kv replay` replays LLM traffic (a Mooncake trace or a built-in
+//! synthetic workload) through simulated engines under several routing
+//! policies, then stress-tests the KV index with the resulting event stream.
+//! The logic lives in the `kvreplay` crate; this binary only parses flags and
+//! prints.
+#![deny(missing_docs, unsafe_op_in_unsafe_fn)]
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[cfg(all(feature = "jemalloc", not(feature = "mimalloc")))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Arbor: tools for KV-cache-aware LLM routing.
+#[derive(Debug, Parser)]
+#[command(name = "arbor", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// KV-cache index and routing tools.
+    #[command(subcommand)]
+    Kv(KvCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum KvCommand {
+    /// Compare routing policies on a trace or synthetic workload and
+    /// stress-test the KV index with the resulting event stream.
+    ///
+    /// With no arguments: a built-in synthetic workload (about 10-30 s).
+    /// Prints, per routing policy, the prefix-cache hit rate, prefill tokens,
+    /// simulated TTFT and load imbalance, and per index implementation the
+    /// block operations per second reached, lookup and apply latencies and
+    /// memory.
+    Replay(Box<kvreplay::ReplayArgs>),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Kv(KvCommand::Replay(args)) => match replay(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn replay(args: &kvreplay::ReplayArgs) -> anyhow::Result<()> {
+    let report = kvreplay::run(args)?;
+    print!("{}", kvreplay::report::render_table(&report));
+    kvreplay::write_outputs(args, &report)?;
+    if let Some(p) = &args.json {
+        println!("JSON report written to {}", p.display());
+    }
+    if let Some(p) = &args.plot {
+        println!("Plot written to {}", p.display());
+    }
+    Ok(())
+}

@@ -165,6 +165,14 @@ impl BlockPool {
             .count()
     }
 
+    /// Length of the prefix of `exts` that is cached and pinned by running
+    /// requests.
+    pub fn pinned_prefix(&self, exts: &[ExternalHash]) -> usize {
+        exts.iter()
+            .take_while(|h| self.blocks.get(&h.0).is_some_and(|e| e.refs > 0))
+            .count()
+    }
+
     /// All cached `(external, local)` pairs.
     pub fn contents(&self) -> BTreeSet<(u64, u64)> {
         self.blocks.iter().map(|(k, e)| (*k, e.local.0)).collect()
@@ -304,7 +312,7 @@ pub struct Engine {
     running: HashMap<usize, Running>,
     prefill_free_us: u64,
     next_event_id: u64,
-    /// Sum of prompt+output blocks of admitted, unfinished requests.
+    /// Output blocks of admitted, unfinished requests.
     active_blocks: u64,
     /// Prompt blocks of queued requests.
     queued_prefill_blocks: u64,
@@ -342,9 +350,11 @@ impl Engine {
         &self.pool
     }
 
-    /// Blocks of admitted, unfinished requests (prompt plus output).
+    /// KV blocks in use by admitted, unfinished requests: the distinct
+    /// cached prompt blocks they pin (shared prefixes count once, as in
+    /// Dynamo's active-sequence tracking) plus their output blocks.
     pub fn active_blocks(&self) -> u64 {
-        self.active_blocks
+        (self.pool.len() - self.pool.evictable()) as u64 + self.active_blocks
     }
 
     /// Blocks still to prefill at `now_us`: the whole prompts of queued
@@ -428,7 +438,7 @@ impl Engine {
             self.prefill_free_us = first_token;
             let decode_us =
                 (f64::from(req.output_tokens) / self.cfg.decode_tps * 1e6).ceil() as u64;
-            let blocks = self.blocks_of(req.input_tokens + req.output_tokens);
+            let blocks = self.blocks_of(req.output_tokens);
             self.queued_prefill_blocks -= req.locals.len() as u64;
             self.active_blocks += blocks;
             self.work_tokens += prefill_tokens + u64::from(req.output_tokens);

@@ -4,7 +4,10 @@
 //! `cost_w = overlap_weight * prefill_w + decode_w`, where `prefill_w` is the
 //! request's blocks not covered by `w`'s cached prefix (its overlap score
 //! from the index) plus the prefill blocks already pending on `w`, and
-//! `decode_w` is the blocks of requests active on `w` plus this request's.
+//! `decode_w` is the distinct KV blocks in use by requests active on `w`
+//! plus the blocks this request would add to them (its blocks minus the
+//! leading ones already in use there), as Dynamo's active-sequence
+//! tracking counts them.
 //! Temperature 0 picks the cheapest worker (ties broken at random);
 //! above 0 it samples from a softmax over the costs normalised to `[0, 1]`
 //! divided by the temperature.
@@ -17,7 +20,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 /// Which routing policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum PolicyKind {
     /// Uniformly random worker.
@@ -80,6 +83,9 @@ pub struct WorkerLoad {
     pub pending_prefill_blocks: u64,
     /// Requests queued or running.
     pub active_requests: u64,
+    /// Leading blocks of the request already in use by active requests on
+    /// the worker (at most its overlap score).
+    pub active_overlap: u32,
 }
 
 /// KV-aware cost knobs.
@@ -141,7 +147,8 @@ impl Router {
             .map(|(l, &o)| {
                 let prefill =
                     request_blocks.saturating_sub(u64::from(o)) + l.pending_prefill_blocks;
-                let decode = l.active_blocks + request_blocks;
+                let decode =
+                    l.active_blocks + request_blocks.saturating_sub(u64::from(l.active_overlap));
                 self.cost.overlap_weight * prefill as f64 + decode as f64
             })
             .collect()

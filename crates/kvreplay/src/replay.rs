@@ -259,14 +259,21 @@ pub fn simulate(
                         active_blocks: e.active_blocks(),
                         pending_prefill_blocks: e.pending_prefill_blocks(a),
                         active_requests: e.active_requests() as u64,
+                        active_overlap: 0,
                     };
                 }
                 if let Some(ix) = index {
                     let scores = ix.find_matches(h);
                     overlaps.iter_mut().for_each(|o| *o = 0);
                     for (wk, s) in scores.iter() {
-                        if let Some(o) = overlaps.get_mut(wk.worker_id as usize) {
-                            *o = s;
+                        let wi = wk.worker_id as usize;
+                        if wi < n && s > 0 {
+                            overlaps[wi] = s;
+                            // What the router's own active-sequence tracking
+                            // would know: the in-use part of the overlap.
+                            let exts = external_hashes(wk, &r.blocks[..s as usize]);
+                            loads[wi].active_overlap =
+                                engines[wi].pool().pinned_prefix(&exts) as u32;
                         }
                     }
                 }

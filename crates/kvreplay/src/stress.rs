@@ -33,7 +33,7 @@ use serde::Serialize;
 use crate::replay::{entry_block_ops, Timeline, TimelineEntry};
 
 /// Index implementations to compare.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum IndexImpl {
     /// `kvindex::ConcurrentIndex`.

@@ -1,0 +1,231 @@
+//! End-to-end runs of the `arbor` binary on tiny workloads.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn arbor(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(args)
+        .output()
+        .expect("run arbor")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A few seconds of synthetic traffic on four workers.
+const TINY: &[&str] = &[
+    "kv",
+    "replay",
+    "--synth-duration-s",
+    "20",
+    "--synth-session-rate",
+    "2",
+    "--workers",
+    "4",
+    "--kv-blocks",
+    "2000",
+    "--window-ms",
+    "50",
+    "--event-lanes",
+    "1",
+    "--no-progress",
+];
+
+#[test]
+fn tiny_synthetic_run_prints_both_sections_and_writes_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let svg = dir.path().join("r.svg");
+    let mut args = TINY.to_vec();
+    let (j, s) = (json.to_str().unwrap(), svg.to_str().unwrap());
+    args.extend(["--json", j, "--plot", s]);
+    let out = arbor(&args);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    for want in [
+        "Routing comparison",
+        "random",
+        "round-robin",
+        "least-loaded",
+        "kv-aware",
+        "Index stress replay",
+        "ours",
+        "reference",
+        "upper bound",
+    ] {
+        assert!(stdout.contains(want), "missing {want:?} in\n{stdout}");
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let policies = report["policies"].as_array().unwrap();
+    assert_eq!(policies.len(), 4);
+    let hit = |name: &str| {
+        policies.iter().find(|p| p["policy"] == name).unwrap()["hit_rate"]
+            .as_f64()
+            .unwrap()
+    };
+    let bound = report["workload"]["infinite_cache_hit_rate"]
+        .as_f64()
+        .unwrap();
+    assert!(hit("kv-aware") >= hit("random"));
+    assert!(hit("kv-aware") <= bound + 1e-9);
+    assert_eq!(report["stress"].as_array().unwrap().len(), 2);
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.starts_with("<svg") && plot.trim_end().ends_with("</svg>"));
+    assert!(plot.contains("polyline"), "latency CDF drawn");
+}
+
+#[test]
+fn trace_run_and_malformed_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.jsonl");
+    let mut lines = String::new();
+    for i in 0..40u64 {
+        lines.push_str(&format!(
+            "{{\"timestamp\": {}, \"input_length\": 1500, \"output_length\": 20, \"hash_ids\": [0, 1, {}]}}\n",
+            i * 100,
+            i + 2
+        ));
+    }
+    std::fs::write(&path, &lines).unwrap();
+    let p = path.to_str().unwrap();
+    let ok = arbor(&[
+        "kv",
+        "replay",
+        "--trace",
+        p,
+        "--workers",
+        "3",
+        "--no-stress",
+        "--no-progress",
+        "--trace-length-factor",
+        "2",
+        "--trace-duplication-factor",
+        "2",
+    ]);
+    let stdout = text(&ok.stdout);
+    assert!(ok.status.success(), "{stdout}{}", text(&ok.stderr));
+    assert!(stdout.contains("80 requests"), "{stdout}");
+    assert!(!stdout.contains("Index stress replay"));
+
+    lines.push_str("{\"timestamp\": 5000, \"input_length\": 1}\n");
+    std::fs::write(&path, &lines).unwrap();
+    let bad = arbor(&["kv", "replay", "--trace", p, "--no-stress", "--no-progress"]);
+    assert_eq!(bad.status.code(), Some(1));
+    let err = text(&bad.stderr);
+    assert!(
+        err.contains("line 41") && err.contains("missing field"),
+        "{err}"
+    );
+
+    let skip = arbor(&[
+        "kv",
+        "replay",
+        "--trace",
+        p,
+        "--no-stress",
+        "--no-progress",
+        "--skip-bad-lines",
+        "--workers",
+        "2",
+    ]);
+    assert!(skip.status.success());
+    assert!(text(&skip.stdout).contains("skipped 1 malformed"));
+
+    let missing = arbor(&[
+        "kv",
+        "replay",
+        "--trace",
+        "/nonexistent.jsonl",
+        "--no-progress",
+    ]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(text(&missing.stderr).contains("cannot read trace"));
+}
+
+#[test]
+fn bad_flags_exit_2_with_clap_errors() {
+    for args in [
+        &["kv", "replay", "--workers", "0"][..],
+        &["kv", "replay", "--policies", "fastest"],
+        &["kv", "replay", "--impls", "btree"],
+        &["kv", "replay", "--temperature", "-1"],
+        &["kv", "replay", "--event-lanes", "0"],
+        &["kv", "replay", "--no-such-flag"],
+        &["kv", "replay", "--stress", "--no-stress"],
+        &["kv"],
+        &["frobnicate"],
+    ] {
+        let out = arbor(args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        let err = text(&out.stderr);
+        assert!(err.contains("error") || err.contains("Usage"), "{args:?}");
+    }
+    let scaling = arbor(&["kv", "replay", "--trace", "x", "--block-size", "100"]);
+    assert_eq!(scaling.status.code(), Some(1));
+}
+
+#[test]
+fn help_explains_the_knobs() {
+    let top = arbor(&["--help"]);
+    assert!(top.status.success());
+    assert!(text(&top.stdout).contains("kv"));
+    let help = arbor(&["kv", "replay", "--help"]);
+    assert!(help.status.success());
+    let h = text(&help.stdout);
+    for knob in [
+        "--trace",
+        "--trace-length-factor",
+        "--trace-duplication-factor",
+        "--trace-block-size",
+        "--block-size",
+        "--workers",
+        "--skip-bad-lines",
+        "--synth-session-rate",
+        "--kv-blocks",
+        "--prefill-tps",
+        "--temperature",
+        "--stress",
+        "--window-ms",
+        "--event-lanes",
+        "--query-lanes",
+        "--sweep",
+        "--json",
+        "--plot",
+    ] {
+        assert!(h.contains(knob), "help lacks {knob}");
+    }
+}
+
+#[test]
+fn bundled_trace_runs_when_present() {
+    let p = "/work/shared/data/mooncake/mooncake_trace_1000.jsonl";
+    if !Path::new(p).exists() {
+        eprintln!("skipping: {p} absent");
+        return;
+    }
+    let out = arbor(&[
+        "kv",
+        "replay",
+        "--trace",
+        p,
+        "--max-requests",
+        "200",
+        "--workers",
+        "8",
+        "--window-ms",
+        "50",
+        "--event-lanes",
+        "1",
+        "--no-progress",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("200 requests"));
+}

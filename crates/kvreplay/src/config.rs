@@ -1,0 +1,313 @@
+//! Command-line knobs of `arbor kv replay` (a `clap::Args` struct the binary
+//! flattens), with their defaults and validation.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::engine::EngineConfig;
+use crate::policy::{KvCost, PolicyKind};
+use crate::replay::SimConfig;
+use crate::stress::{IndexImpl, SweepConfig};
+use crate::synth::SynthConfig;
+use crate::trace::TraceScaling;
+
+fn positive_f64(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("must be a positive number, got {s}"))
+    }
+}
+
+fn non_negative_f64(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("must be a number >= 0, got {s}"))
+    }
+}
+
+fn at_least_one_f64(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && v >= 1.0 {
+        Ok(v)
+    } else {
+        Err(format!("must be a number >= 1, got {s}"))
+    }
+}
+
+fn lanes(s: &str) -> Result<usize, String> {
+    let v: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if (1..=256).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("must be between 1 and 256, got {s}"))
+    }
+}
+
+/// Every knob of `arbor kv replay`.
+///
+/// Without `--trace`, a seeded synthetic workload (the `--synth-*` knobs) is
+/// used. The run simulates a fleet of engines under each routing policy and
+/// prints their prefix-cache hit rates and TTFTs, then replays one policy's
+/// event and lookup timeline against the index implementations, compressed
+/// into `--window-ms`, and prints the throughput and latencies they reached.
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    // ---- traffic ----
+    /// Mooncake JSONL trace to replay (`timestamp` ms, `input_length`,
+    /// `output_length`, `hash_ids`). Without it, the synthetic workload runs.
+    #[arg(long, value_name = "FILE", help_heading = "Traffic")]
+    pub trace: Option<PathBuf>,
+
+    /// Skip malformed trace lines (and report how many) instead of failing.
+    #[arg(long, help_heading = "Traffic")]
+    pub skip_bad_lines: bool,
+
+    /// Each trace hash id becomes this many consecutive ids (longer shared
+    /// prefixes, same tree shape), as in Dynamo's mooncake_bench.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024), help_heading = "Traffic")]
+    pub trace_length_factor: u32,
+
+    /// Disjoint copies of the trace (same shape, distinct hash ids), played
+    /// at the same time.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024), help_heading = "Traffic")]
+    pub trace_duplication_factor: u32,
+
+    /// Tokens per trace hash id (Mooncake: 512). Must be a multiple of
+    /// --block-size; each id becomes trace-block-size / block-size blocks.
+    #[arg(long, default_value_t = 512, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Traffic")]
+    pub trace_block_size: u32,
+
+    /// Tokens per KV block in the engines and the index.
+    #[arg(long, default_value_t = 64, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Traffic")]
+    pub block_size: u32,
+
+    /// Keep only the first N requests (after scaling).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Traffic")]
+    pub max_requests: Option<u64>,
+
+    // ---- synthetic workload ----
+    /// Seed of the synthetic workload and of the routers' random choices.
+    #[arg(
+        long,
+        default_value_t = 42,
+        help_heading = "Synthetic workload (without --trace)"
+    )]
+    pub seed: u64,
+
+    /// Seconds during which new sessions start.
+    #[arg(long, default_value_t = SynthConfig::default().duration_s, value_name = "S", value_parser = positive_f64, help_heading = "Synthetic workload (without --trace)")]
+    pub synth_duration_s: f64,
+
+    /// New conversation sessions per second (Poisson arrivals).
+    #[arg(long, default_value_t = SynthConfig::default().session_rate, value_name = "PER_S", value_parser = positive_f64, help_heading = "Synthetic workload (without --trace)")]
+    pub synth_session_rate: f64,
+
+    /// Mean turns per session (geometric, >= 1); each turn's prompt is the
+    /// whole conversation so far.
+    #[arg(long, default_value_t = SynthConfig::default().mean_turns, value_name = "N", value_parser = at_least_one_f64, help_heading = "Synthetic workload (without --trace)")]
+    pub synth_mean_turns: f64,
+
+    /// Mean seconds between turns of a session (exponential).
+    #[arg(long, default_value_t = SynthConfig::default().think_time_s, value_name = "S", value_parser = positive_f64, help_heading = "Synthetic workload (without --trace)")]
+    pub synth_think_time_s: f64,
+
+    /// Distinct system prompts shared across sessions.
+    #[arg(long, default_value_t = SynthConfig::default().system_prompts as u32, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Synthetic workload (without --trace)")]
+    pub synth_system_prompts: u32,
+
+    /// Mean system prompt length, tokens (each prompt's length is drawn once,
+    /// uniform in [0.5, 1.5] x this).
+    #[arg(long, default_value_t = SynthConfig::default().system_prompt_tokens, value_name = "TOKENS", help_heading = "Synthetic workload (without --trace)")]
+    pub synth_system_prompt_tokens: u32,
+
+    /// Zipf exponent of system prompt popularity (0 = uniform).
+    #[arg(long, default_value_t = SynthConfig::default().zipf_s, value_name = "S", value_parser = non_negative_f64, help_heading = "Synthetic workload (without --trace)")]
+    pub synth_zipf: f64,
+
+    /// Mean user message length, tokens (uniform in [0.5, 1.5] x this).
+    #[arg(long, default_value_t = SynthConfig::default().user_tokens, value_name = "TOKENS", help_heading = "Synthetic workload (without --trace)")]
+    pub synth_user_tokens: u32,
+
+    /// Mean answer length, tokens (uniform in [0.5, 1.5] x this); answers
+    /// join the next turn's prompt.
+    #[arg(long, default_value_t = SynthConfig::default().output_tokens, value_name = "TOKENS", help_heading = "Synthetic workload (without --trace)")]
+    pub synth_output_tokens: u32,
+
+    // ---- fleet ----
+    /// Number of simulated workers (engines).
+    #[arg(long, default_value_t = 16, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000), help_heading = "Simulated engines")]
+    pub workers: u32,
+
+    /// KV cache capacity of each worker, in blocks.
+    #[arg(long, default_value_t = EngineConfig::default().capacity_blocks as u64, value_name = "BLOCKS", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Simulated engines")]
+    pub kv_blocks: u64,
+
+    /// Prefill speed of a worker, tokens per second (one prefill at a time).
+    #[arg(long, default_value_t = EngineConfig::default().prefill_tps, value_name = "TOK_S", value_parser = positive_f64, help_heading = "Simulated engines")]
+    pub prefill_tps: f64,
+
+    /// Decode speed of each running sequence, tokens per second.
+    #[arg(long, default_value_t = EngineConfig::default().decode_tps, value_name = "TOK_S", value_parser = positive_f64, help_heading = "Simulated engines")]
+    pub decode_tps: f64,
+
+    /// Most requests a worker runs at once; the rest queue.
+    #[arg(long, default_value_t = EngineConfig::default().max_running as u32, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Simulated engines")]
+    pub max_batch: u32,
+
+    // ---- routing ----
+    /// Routing policies to compare (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL, help_heading = "Routing")]
+    pub policies: Vec<PolicyKind>,
+
+    /// KV-aware softmax temperature: 0 picks the cheapest worker, above 0
+    /// samples (higher = more random).
+    #[arg(long, default_value_t = KvCost::default().temperature, value_parser = non_negative_f64, help_heading = "Routing")]
+    pub temperature: f64,
+
+    /// KV-aware weight of prefill blocks (after overlap credit) against
+    /// decode blocks in the cost.
+    #[arg(long, default_value_t = KvCost::default().overlap_weight, value_parser = non_negative_f64, help_heading = "Routing")]
+    pub overlap_weight: f64,
+
+    // ---- stress ----
+    /// Stress mode: skip the routing comparison and run only the index stress
+    /// replay (over the timeline of --stress-policy).
+    #[arg(long, help_heading = "Index stress replay")]
+    pub stress: bool,
+
+    /// Skip the index stress replay.
+    #[arg(long, conflicts_with_all = ["stress", "sweep"], help_heading = "Index stress replay")]
+    pub no_stress: bool,
+
+    /// Whose timeline of events and lookups the stress replay uses (Dynamo's
+    /// mooncake_bench spreads requests at random).
+    #[arg(long, default_value_t = PolicyKind::Random, help_heading = "Index stress replay")]
+    pub stress_policy: PolicyKind,
+
+    /// The whole timeline is replayed within this window, ms (shorter =
+    /// higher rate).
+    #[arg(long, default_value_t = 2000, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), help_heading = "Index stress replay")]
+    pub window_ms: u64,
+
+    /// Event-applying threads to try (comma-separated list); each worker's
+    /// events always go to the same lane.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 2], value_parser = lanes, help_heading = "Index stress replay")]
+    pub event_lanes: Vec<usize>,
+
+    /// Lookup threads.
+    #[arg(long, default_value_t = 1, value_parser = lanes, help_heading = "Index stress replay")]
+    pub query_lanes: usize,
+
+    /// Index implementations to compare (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = IndexImpl::ALL, help_heading = "Index stress replay")]
+    pub impls: Vec<IndexImpl>,
+
+    /// Find the highest rate each implementation keeps up with: halve or
+    /// double the window from --window-ms, then bisect.
+    #[arg(long, help_heading = "Index stress replay")]
+    pub sweep: bool,
+
+    /// Shortest window the sweep tries, ms.
+    #[arg(long, default_value_t = 20, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Index stress replay")]
+    pub sweep_min_ms: u64,
+
+    /// Longest window the sweep tries, ms.
+    #[arg(long, default_value_t = 16_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Index stress replay")]
+    pub sweep_max_ms: u64,
+
+    /// Bisection steps after the sweep brackets the limit.
+    #[arg(
+        long,
+        default_value_t = 3,
+        value_name = "N",
+        help_heading = "Index stress replay"
+    )]
+    pub sweep_steps: u32,
+
+    // ---- output ----
+    /// Also write the full report as JSON to FILE.
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    pub json: Option<PathBuf>,
+
+    /// Also write an SVG plot (lookup latency CDF per implementation, hit
+    /// rate and TTFT per policy) to FILE.
+    #[arg(long, value_name = "FILE.svg", help_heading = "Output")]
+    pub plot: Option<PathBuf>,
+
+    /// No progress bars (they are also hidden when stderr is not a terminal).
+    #[arg(long, help_heading = "Output")]
+    pub no_progress: bool,
+}
+
+impl Default for ReplayArgs {
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: ReplayArgs,
+        }
+        <Wrapper as clap::Parser>::parse_from(["kvreplay"]).args
+    }
+}
+
+impl ReplayArgs {
+    /// The synthetic workload's parameters.
+    pub fn synth(&self) -> SynthConfig {
+        SynthConfig {
+            seed: self.seed,
+            duration_s: self.synth_duration_s,
+            session_rate: self.synth_session_rate,
+            mean_turns: self.synth_mean_turns,
+            think_time_s: self.synth_think_time_s,
+            system_prompts: self.synth_system_prompts as usize,
+            system_prompt_tokens: self.synth_system_prompt_tokens,
+            zipf_s: self.synth_zipf,
+            user_tokens: self.synth_user_tokens,
+            output_tokens: self.synth_output_tokens,
+            block_size: self.block_size as usize,
+        }
+    }
+
+    /// The trace scaling knobs.
+    pub fn scaling(&self) -> TraceScaling {
+        TraceScaling {
+            length_factor: self.trace_length_factor as usize,
+            duplication_factor: self.trace_duplication_factor as usize,
+            trace_block_size: self.trace_block_size as usize,
+            block_size: self.block_size as usize,
+        }
+    }
+
+    /// The fleet settings.
+    pub fn sim(&self) -> SimConfig {
+        SimConfig {
+            workers: self.workers as usize,
+            engine: EngineConfig {
+                capacity_blocks: self.kv_blocks as usize,
+                block_size: self.block_size as usize,
+                prefill_tps: self.prefill_tps,
+                decode_tps: self.decode_tps,
+                max_running: self.max_batch as usize,
+            },
+            cost: KvCost {
+                overlap_weight: self.overlap_weight,
+                temperature: self.temperature,
+            },
+            seed: self.seed,
+        }
+    }
+
+    /// The sweep settings.
+    pub fn sweep_config(&self) -> SweepConfig {
+        SweepConfig {
+            min_window_ms: self.sweep_min_ms,
+            max_window_ms: self.sweep_max_ms,
+            bisect_steps: self.sweep_steps as usize,
+        }
+    }
+}

@@ -1,0 +1,510 @@
+//! The report: a terminal table, JSON, and a hand-written SVG plot.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::policy::PolicyKind;
+use crate::replay::{PolicyOutcome, SimConfig};
+use crate::stress::{IndexImpl, StressResult, SweepResult};
+use crate::synth::SynthConfig;
+use crate::trace::TraceScaling;
+
+/// What was replayed.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkloadSummary {
+    /// File name or "synthetic".
+    pub name: String,
+    /// Requests.
+    pub requests: u64,
+    /// Prompt blocks over all requests.
+    pub blocks: u64,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// First to last arrival, seconds.
+    pub span_s: f64,
+    /// Hit rate of one infinite cache shared by all workers: the bound.
+    pub infinite_cache_hit_rate: f64,
+    /// Malformed trace lines skipped.
+    pub skipped_lines: usize,
+    /// The first skipped line's error.
+    pub first_skipped: Option<String>,
+    /// Synthetic parameters, when synthetic.
+    pub synthetic: Option<SynthConfig>,
+    /// Trace scaling, when a trace.
+    pub scaling: Option<TraceScaling>,
+}
+
+/// The whole result of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Workload.
+    pub workload: WorkloadSummary,
+    /// Fleet settings.
+    pub fleet: SimConfig,
+    /// One entry per routing policy.
+    pub policies: Vec<PolicyOutcome>,
+    /// The policy whose timeline the stress replay used.
+    pub stress_policy: Option<PolicyKind>,
+    /// Fixed-window stress runs.
+    pub stress: Vec<StressResult>,
+    /// Sweeps, when `--sweep`.
+    pub sweeps: Vec<SweepResult>,
+    /// Total wall time, seconds.
+    pub wall_s: f64,
+}
+
+impl Report {
+    /// KV-aware hit rate over the infinite-cache bound, when both exist.
+    pub fn kv_vs_bound(&self) -> Option<f64> {
+        let kv = self
+            .policies
+            .iter()
+            .find(|p| p.policy == PolicyKind::KvAware)?;
+        let b = self.workload.infinite_cache_hit_rate;
+        (b > 0.0).then(|| kv.hit_rate / b)
+    }
+
+    /// For each event-lane count swept with both implementations: ours'
+    /// highest sustained rate over the reference's.
+    pub fn sweep_ratios(&self) -> Vec<(usize, f64)> {
+        let mut out = Vec::new();
+        for s in self.sweeps.iter().filter(|s| s.index == IndexImpl::Ours) {
+            let r = self
+                .sweeps
+                .iter()
+                .find(|r| r.index == IndexImpl::Reference && r.event_lanes == s.event_lanes);
+            if let (Some(a), Some(b)) = (
+                s.max_sustained_ops_per_s,
+                r.and_then(|r| r.max_sustained_ops_per_s),
+            ) {
+                out.push((s.event_lanes, a / b));
+            }
+        }
+        out
+    }
+}
+
+/// `1234567` -> `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `27_500_000.0` -> `27.5M`.
+pub fn si(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1e9 {
+        format!("{:.2}G", v / 1e9)
+    } else if a >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if a >= 1e3 {
+        format!("{:.1}k", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+fn ms(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.1} s", v / 1000.0)
+    } else if v >= 100.0 {
+        format!("{v:.0} ms")
+    } else {
+        format!("{v:.1} ms")
+    }
+}
+
+fn mib(v: Option<f64>) -> String {
+    v.map_or_else(|| "n/a".into(), |v| format!("{v:.0} MiB"))
+}
+
+/// The terminal table.
+pub fn render_table(r: &Report) -> String {
+    let mut o = String::new();
+    let w = &r.workload;
+    let _ = writeln!(
+        o,
+        "Workload  {}: {} requests, {} blocks of {} tokens over {:.0} s",
+        w.name,
+        thousands(w.requests),
+        thousands(w.blocks),
+        w.block_size,
+        w.span_s
+    );
+    if w.skipped_lines > 0 {
+        let _ = writeln!(
+            o,
+            "          skipped {} malformed lines (first: {})",
+            w.skipped_lines,
+            w.first_skipped.as_deref().unwrap_or("?")
+        );
+    }
+    let _ = writeln!(
+        o,
+        "          upper bound (one infinite cache shared by all workers): {:.1}% prefix-block hits",
+        w.infinite_cache_hit_rate * 100.0
+    );
+    let e = &r.fleet.engine;
+    let _ = writeln!(
+        o,
+        "Fleet     {} workers x {} KV blocks; prefill {} tok/s, decode {} tok/s per sequence, batch {}",
+        r.fleet.workers,
+        thousands(e.capacity_blocks as u64),
+        si(e.prefill_tps),
+        si(e.decode_tps),
+        e.max_running
+    );
+    if !r.policies.is_empty() {
+        let _ = writeln!(o, "\nRouting comparison");
+        let _ = writeln!(
+            o,
+            "  {:<13} {:>9} {:>9} {:>16} {:>10} {:>10} {:>10}",
+            "policy", "hit rate", "of bound", "prefill tokens", "TTFT p50", "TTFT p99", "imbalance"
+        );
+        for p in &r.policies {
+            let of_bound = if w.infinite_cache_hit_rate > 0.0 {
+                format!("{:.1}%", p.hit_rate / w.infinite_cache_hit_rate * 100.0)
+            } else {
+                "-".into()
+            };
+            let _ = writeln!(
+                o,
+                "  {:<13} {:>8.1}% {:>9} {:>16} {:>10} {:>10} {:>9.2}x",
+                p.policy.name(),
+                p.hit_rate * 100.0,
+                of_bound,
+                thousands(p.prefill_tokens),
+                ms(p.ttft_p50_ms),
+                ms(p.ttft_p99_ms),
+                p.load_imbalance
+            );
+        }
+        let _ = writeln!(
+            o,
+            "  hit rate = prompt blocks reused / requested; imbalance = busiest worker's work / mean"
+        );
+    }
+    if !r.stress.is_empty() || !r.sweeps.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nIndex stress replay (timeline of {} routing; open loop, deadline driven)",
+            r.stress_policy.map_or("?", |p| p.name())
+        );
+        let header = format!(
+            "  {:<10} {:>5} {:>9} {:>10} {:>10} {:>8} {:>15} {:>15} {:>9}",
+            "index",
+            "lanes",
+            "window",
+            "offered/s",
+            "achieved/s",
+            "kept up",
+            "find p50/p99",
+            "apply p50/p99",
+            "peak RSS"
+        );
+        let row = |o: &mut String, s: &StressResult| {
+            let _ = writeln!(
+                o,
+                "  {:<10} {:>5} {:>9} {:>10} {:>10} {:>8} {:>15} {:>15} {:>9}",
+                s.index.name(),
+                format!("{}e{}q", s.event_lanes, s.query_lanes),
+                format!("{} ms", s.window_ms),
+                si(s.offered_ops_per_s),
+                si(s.achieved_ops_per_s),
+                if s.kept_up { "yes" } else { "NO" },
+                format!("{:.1}/{:.1} us", s.find_p50_us, s.find_p99_us),
+                format!("{:.1}/{:.1} us", s.apply_p50_us, s.apply_p99_us),
+                mib(s.peak_rss_mib)
+            );
+        };
+        if !r.stress.is_empty() {
+            let _ = writeln!(o, "{header}");
+            for s in &r.stress {
+                row(&mut o, s);
+            }
+        }
+        if let Some(s) = r.stress.first() {
+            let _ = writeln!(
+                o,
+                "  {} block ops per run ({} lookups, {} events); ops = hashes looked up + stored + removed",
+                thousands(s.block_ops),
+                thousands(s.queries),
+                thousands(s.events)
+            );
+        }
+        for sw in &r.sweeps {
+            let _ = writeln!(
+                o,
+                "\n  sweep {} with {} event lane(s): {}",
+                sw.index.name(),
+                sw.event_lanes,
+                match (sw.max_sustained_ops_per_s, sw.best_window_ms) {
+                    (Some(v), Some(wm)) =>
+                        format!("sustains {} block ops/s (window {wm} ms)", si(v)),
+                    _ => "kept up at no window tried".into(),
+                }
+            );
+            let _ = writeln!(o, "{header}");
+            for s in &sw.steps {
+                row(&mut o, s);
+            }
+        }
+        for (lanes, ratio) in r.sweep_ratios() {
+            let _ = writeln!(
+                o,
+                "  ours / reference sustained rate with {lanes} event lane(s): {ratio:.2}x"
+            );
+        }
+    }
+    if let Some(x) = r.kv_vs_bound() {
+        let kv = r
+            .policies
+            .iter()
+            .find(|p| p.policy == PolicyKind::KvAware)
+            .map_or(0.0, |p| p.load_imbalance);
+        let _ = writeln!(
+            o,
+            "\nKV-aware routing reaches {:.1}% of the upper-bound hit rate with the busiest worker at {:.2}x the mean load.",
+            x * 100.0,
+            kv
+        );
+    }
+    let _ = writeln!(o, "Done in {:.1} s.", r.wall_s);
+    o
+}
+
+/// The JSON report.
+pub fn render_json(r: &Report) -> String {
+    serde_json::to_string_pretty(r).expect("report serialises")
+}
+
+const COLORS: [&str; 6] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The SVG plot: lookup latency CDF per implementation (left), prefix hit
+/// rate per policy against the bound (middle), TTFT p50/p99 per policy
+/// (right).
+pub fn render_svg(r: &Report) -> String {
+    let (pw, ph) = (300.0, 260.0);
+    let (ml, mt) = (60.0, 40.0);
+    let width = 3.0 * (pw + ml + 20.0);
+    let height = ph + mt + 80.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let panel = |s: &mut String, i: f64, title: &str| -> (f64, f64) {
+        let x0 = i * (pw + ml + 20.0) + ml;
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle" font-size="13" font-weight="bold">{}</text>"#,
+            x0 + pw / 2.0,
+            mt - 15.0,
+            esc(title)
+        );
+        let _ = writeln!(
+            s,
+            r##"<rect x="{x0}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##
+        );
+        (x0, mt)
+    };
+
+    // 1. lookup latency CDF, log-x.
+    let (x0, y0) = panel(&mut s, 0.0, "find_matches latency CDF");
+    let runs: Vec<&StressResult> = if r.stress.is_empty() {
+        r.sweeps
+            .iter()
+            .filter_map(|sw| {
+                sw.best_window_ms
+                    .and_then(|w| sw.steps.iter().find(|x| x.window_ms == w))
+            })
+            .collect()
+    } else {
+        r.stress.iter().collect()
+    };
+    let all: Vec<f64> = runs
+        .iter()
+        .flat_map(|x| x.find_cdf.iter().map(|p| p.0.max(0.01)))
+        .collect();
+    if all.is_empty() {
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">no stress run</text>"#,
+            x0 + pw / 2.0,
+            y0 + ph / 2.0
+        );
+    } else {
+        let lo = all
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min)
+            .log10()
+            .floor();
+        let hi = all
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max)
+            .log10()
+            .ceil()
+            .max(lo + 1.0);
+        let xp = |v: f64| x0 + (v.max(0.01).log10() - lo) / (hi - lo) * pw;
+        let yp = |q: f64| y0 + ph - q * ph;
+        let mut d = lo;
+        while d <= hi {
+            let x = xp(10f64.powf(d));
+            let _ = writeln!(
+                s,
+                r##"<line x1="{x}" y1="{y0}" x2="{x}" y2="{}" stroke="#ddd"/><text x="{x}" y="{}" text-anchor="middle">{} us</text>"##,
+                y0 + ph,
+                y0 + ph + 14.0,
+                10f64.powf(d)
+            );
+            d += 1.0;
+        }
+        for q in [0.0, 0.5, 0.99, 1.0] {
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{}" text-anchor="end">{q}</text>"#,
+                x0 - 4.0,
+                yp(q) + 4.0
+            );
+        }
+        for (i, run) in runs.iter().enumerate() {
+            let c = COLORS[i % COLORS.len()];
+            let pts: Vec<String> = run
+                .find_cdf
+                .iter()
+                .map(|(v, q)| format!("{:.1},{:.1}", xp(*v), yp(*q)))
+                .collect();
+            let _ = writeln!(
+                s,
+                r#"<polyline fill="none" stroke="{c}" stroke-width="2" points="{}"/>"#,
+                pts.join(" ")
+            );
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{}" fill="{c}">{} {}e/{}q</text>"#,
+                x0 + 8.0,
+                y0 + 14.0 + 13.0 * i as f64,
+                run.index.name(),
+                run.event_lanes,
+                run.query_lanes
+            );
+        }
+    }
+
+    // 2. hit rate per policy with the bound.
+    let (x0, y0) = panel(&mut s, 1.0, "prefix-cache hit rate");
+    let n = r.policies.len().max(1) as f64;
+    let bw = pw / n;
+    let bound = r.workload.infinite_cache_hit_rate;
+    for (i, p) in r.policies.iter().enumerate() {
+        let h = p.hit_rate * ph;
+        let x = x0 + i as f64 * bw + bw * 0.15;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{h:.1}" fill="{}"/><text x="{:.1}" y="{:.1}" text-anchor="middle">{:.1}%</text><text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            y0 + ph - h,
+            bw * 0.7,
+            COLORS[i % COLORS.len()],
+            x + bw * 0.35,
+            y0 + ph - h - 4.0,
+            p.hit_rate * 100.0,
+            x + bw * 0.35,
+            y0 + ph + 14.0,
+            p.policy.name()
+        );
+    }
+    let by = y0 + ph - bound * ph;
+    let _ = writeln!(
+        s,
+        r#"<line x1="{x0}" y1="{by:.1}" x2="{}" y2="{by:.1}" stroke="black" stroke-dasharray="5,3"/><text x="{}" y="{:.1}" text-anchor="end">bound {:.1}%</text>"#,
+        x0 + pw,
+        x0 + pw - 2.0,
+        by - 3.0,
+        bound * 100.0
+    );
+
+    // 3. TTFT p50 / p99 per policy, log-free linear scale.
+    let (x0, y0) = panel(&mut s, 2.0, "TTFT p50 / p99 (ms)");
+    let top = r
+        .policies
+        .iter()
+        .map(|p| p.ttft_p99_ms)
+        .fold(0.0, f64::max)
+        .max(1e-3)
+        * 1.1;
+    for (i, p) in r.policies.iter().enumerate() {
+        let x = x0 + i as f64 * bw + bw * 0.1;
+        for (j, (v, op)) in [(p.ttft_p50_ms, "1.0"), (p.ttft_p99_ms, "0.45")]
+            .into_iter()
+            .enumerate()
+        {
+            let h = v / top * ph;
+            let bx = x + j as f64 * bw * 0.4;
+            let _ = writeln!(
+                s,
+                r#"<rect x="{bx:.1}" y="{:.1}" width="{:.1}" height="{h:.1}" fill="{}" fill-opacity="{op}"/><text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="9">{}</text>"#,
+                y0 + ph - h,
+                bw * 0.38,
+                COLORS[i % COLORS.len()],
+                bx + bw * 0.19,
+                y0 + ph - h - 3.0,
+                esc(&ms(v))
+            );
+        }
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            x + bw * 0.4,
+            y0 + ph + 14.0,
+            p.policy.name()
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="10" y="{}" font-size="10">{}</text>"#,
+        height - 12.0,
+        esc(&format!(
+            "workload {}: {} requests, {} workers; solid = p50, light = p99",
+            r.workload.name,
+            thousands(r.workload.requests),
+            r.fleet.workers
+        ))
+    );
+    let _ = writeln!(s, "</svg>");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn number_formatting() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1234567), "1,234,567");
+        assert_eq!(si(27_500_000.0), "27.50M");
+        assert_eq!(si(1500.0), "1.5k");
+        assert_eq!(si(12.0), "12");
+    }
+}
