@@ -4,7 +4,8 @@
 //! `cargo bench -p part --bench part` runs everything; a filter argument
 //! selects benchmarks (`cargo bench -p part --bench part -- Insert`). After the
 //! timings it prints allocations and bytes per operation, measured with a
-//! counting global allocator.
+//! counting global allocator. `PART_BENCH_ALLOC=mimalloc` runs everything
+//! on mimalloc instead of the system allocator.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::{BTreeMap, HashMap};
@@ -18,6 +19,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 struct Counting;
+static USE_MIMALLOC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
 
@@ -26,18 +28,38 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Relaxed);
         BYTES.fetch_add(l.size() as u64, Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(l) }
+        // SAFETY: same contract as our caller's; the allocator choice is
+        // fixed before the first allocation it could affect is freed.
+        unsafe {
+            if USE_MIMALLOC.load(Relaxed) {
+                mimalloc::MiMalloc.alloc(l)
+            } else {
+                System.alloc(l)
+            }
+        }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(p, l) }
+        // SAFETY: same contract as our caller's; `p` came from the allocator
+        // selected at the time, which never changes after start-up.
+        unsafe {
+            if USE_MIMALLOC.load(Relaxed) {
+                mimalloc::MiMalloc.dealloc(p, l)
+            } else {
+                System.dealloc(p, l)
+            }
+        }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         ALLOCS.fetch_add(1, Relaxed);
         BYTES.fetch_add(n as u64, Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(p, l, n) }
+        // SAFETY: as for `dealloc`.
+        unsafe {
+            if USE_MIMALLOC.load(Relaxed) {
+                mimalloc::MiMalloc.realloc(p, l, n)
+            } else {
+                System.realloc(p, l, n)
+            }
+        }
     }
 }
 
@@ -45,15 +67,32 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 const N: u32 = 1000;
+const RO: Options = Options {
+    root_only_watch: true,
+};
 
+/// Go's `uint32Key(1000 + i)`.
 fn key(i: u32) -> [u8; 4] {
     (1000 + i).to_be_bytes()
+}
+
+/// Go's `uint64Key(i)`.
+fn key64(i: u64) -> [u8; 8] {
+    i.to_be_bytes()
 }
 
 fn tree_n(n: u32, opts: Options) -> Tree<u32> {
     let mut t = Tree::with_options(opts).txn();
     for i in 0..n {
         t.insert(&key(i), i).unwrap();
+    }
+    t.commit()
+}
+
+fn tree64(keys: impl Iterator<Item = u64>) -> Tree<u64> {
+    let mut t = Tree::with_options(RO).txn();
+    for i in keys {
+        t.insert(&key64(i), i).unwrap();
     }
     t.commit()
 }
@@ -73,9 +112,54 @@ fn count<S, T, F: FnOnce(S) -> T>(setup: impl FnOnce() -> S, f: F, per: u64) -> 
 fn insert(opts: Options) -> Tree<u32> {
     let mut t = Tree::with_options(opts).txn();
     for i in 0..N {
-        t.insert(&key(i), i).unwrap();
+        t.insert(&key(i), 1000 + i).unwrap();
     }
     t.commit()
+}
+
+fn modify(t: &Tree<u32>) -> Tree<u32> {
+    let mut txn = t.txn();
+    for i in 0..N {
+        txn.modify(&key(i), |v| v.copied().unwrap_or(123)).unwrap();
+    }
+    txn.commit()
+}
+
+fn get_insert(t: &Tree<u32>) -> Tree<u32> {
+    let mut txn = t.txn();
+    for i in 0..N {
+        let v = txn.get(&key(i)).copied().unwrap_or(0);
+        txn.insert(&key(i), v).unwrap();
+    }
+    txn.commit()
+}
+
+fn watch_replace(t: &Tree<u32>) -> Tree<u32> {
+    let watches: Vec<_> = (0..N).map(|i| t.get_watch(&key(i)).1).collect();
+    let mut txn = t.txn();
+    for i in 0..N {
+        txn.insert(&key(i), i + 1).unwrap();
+    }
+    let t2 = txn.commit();
+    for w in &watches {
+        w.wait();
+    }
+    t2
+}
+
+fn txn_batch(tree: &mut Tree<u64>, batch: u64) {
+    let mut txn = tree.txn();
+    for j in 0..batch {
+        txn.insert(&key64(j), j).unwrap();
+    }
+    *tree = txn.commit();
+}
+
+fn txn_delete_batch(tree: &Tree<u64>, batch: u64) {
+    let mut txn = tree.txn();
+    for j in 0..batch {
+        txn.delete(&key64(j));
+    }
 }
 
 fn bench_part(c: &mut Criterion, allocs: &mut Vec<(String, f64, f64)>) {
@@ -83,70 +167,38 @@ fn bench_part(c: &mut Criterion, allocs: &mut Vec<(String, f64, f64)>) {
     g.throughput(Throughput::Elements(N as u64));
 
     g.bench_function("Insert", |b| b.iter(|| insert(Options::default())));
-    let ro = Options {
-        root_only_watch: true,
-    };
-    g.bench_function("Insert_RootOnlyWatch", |b| b.iter(|| insert(ro)));
+    g.bench_function("Insert_RootOnlyWatch", |b| b.iter(|| insert(RO)));
+    let mut tree = tree_n(N, RO);
+    g.bench_function("Modify", |b| b.iter(|| tree = modify(&tree)));
+    g.bench_function("GetInsert", |b| b.iter(|| tree = get_insert(&tree)));
 
-    let base = tree_n(N, Options::default());
-    let modify = |t: &Tree<u32>| {
-        let mut txn = t.txn();
-        for i in 0..N {
-            txn.modify(&key(i), |v| v.copied().unwrap_or(0) + 1)
-                .unwrap();
-        }
-        txn.commit()
-    };
-    g.bench_function("Modify", |b| b.iter(|| modify(&base)));
-
-    let get_insert = |t: &Tree<u32>| {
-        let mut txn = t.txn();
-        for i in 0..N {
-            let v = txn.get(&key(i)).copied().unwrap_or(0);
-            txn.insert(&key(i), v + 1).unwrap();
-        }
-        txn.commit()
-    };
-    g.bench_function("GetInsert", |b| b.iter(|| get_insert(&base)));
-
+    let t64 = tree64(0..N as u64);
     g.bench_function("Get", |b| {
         b.iter(|| {
-            let mut s = 0u32;
-            for i in 0..N {
-                s = s.wrapping_add(*base.get(&key(i)).unwrap());
+            for j in 0..N as u64 {
+                assert_eq!(t64.get(&key64(j)), Some(&j));
             }
-            s
         })
     });
+    let all = tree64(1..=N as u64);
     g.bench_function("All", |b| {
-        b.iter(|| base.iter().fold(0u32, |s, (_, v)| s.wrapping_add(*v)))
+        b.iter(|| all.iter().fold(0u64, |s, (_, v)| s.wrapping_add(*v)))
     });
     g.bench_function("All_Owned", |b| {
         b.iter(|| {
-            base.clone()
+            all.clone()
                 .into_iter()
-                .fold(0u32, |s, e| s.wrapping_add(*e.value()))
+                .fold(0u64, |s, e| s.wrapping_add(*e.value()))
         })
     });
+    let watched = tree_n(N, Options::default());
     g.bench_function("GetWatch", |b| {
         b.iter(|| {
             for i in 0..N {
-                black_box(base.get_watch(&key(i)));
+                black_box(watched.get_watch(&key(i)));
             }
         })
     });
-    let watch_replace = |t: &Tree<u32>| {
-        let watches: Vec<_> = (0..N).map(|i| t.get_watch(&key(i)).1).collect();
-        let mut txn = t.txn();
-        for i in 0..N {
-            txn.insert(&key(i), i + 1).unwrap();
-        }
-        let t2 = txn.commit();
-        for w in &watches {
-            w.wait();
-        }
-        t2
-    };
     g.bench_function("WatchReplace", |b| {
         b.iter_batched(
             || tree_n(N, Options::default()),
@@ -156,92 +208,67 @@ fn bench_part(c: &mut Criterion, allocs: &mut Vec<(String, f64, f64)>) {
     });
     g.throughput(Throughput::Elements(1));
     g.bench_function("Replace", |b| {
-        let mut txn = base.txn();
-        let k = key(7);
-        let mut i = 0;
-        b.iter(|| {
-            i += 1;
-            txn.insert(&k, i).unwrap()
-        })
+        let mut txn = tree_n(N, RO).txn();
+        let k = 0u32.to_be_bytes();
+        b.iter(|| txn.insert(&k, 0).unwrap())
     });
     g.finish();
 
-    allocs.push((
-        "Insert".into(),
-        count(|| (), |_| insert(Options::default()), N as u64).0,
-        count(|| (), |_| insert(Options::default()), N as u64).1,
-    ));
-    let (a, b) = count(|| (), |_| insert(ro), N as u64);
-    allocs.push(("Insert_RootOnlyWatch".into(), a, b));
-    let (a, b) = count(|| (), |_| modify(&base), N as u64);
-    allocs.push(("Modify".into(), a, b));
-    let (a, b) = count(|| (), |_| get_insert(&base), N as u64);
-    allocs.push(("GetInsert".into(), a, b));
-    let (a, b) = count(
-        || (),
-        |_| {
-            for i in 0..N {
-                black_box(base.get_watch(&key(i)));
-            }
-        },
-        N as u64,
-    );
-    allocs.push(("GetWatch (watches exist)".into(), a, b));
-    let fresh = tree_n(N, Options::default());
-    let (a, b) = count(
-        || (),
-        |_| {
-            for i in 0..N {
-                black_box(fresh.get_watch(&key(i)));
-            }
-        },
-        N as u64,
-    );
-    allocs.push(("GetWatch (first watch)".into(), a, b));
-    let (a, b) = count(
-        || tree_n(N, Options::default()),
-        |t| watch_replace(&t),
-        N as u64,
-    );
-    allocs.push(("WatchReplace".into(), a, b));
+    let mut t = tree_n(N, RO);
+    for (name, (a, by)) in [
+        (
+            "Insert",
+            count(|| (), |_| insert(Options::default()), N as u64),
+        ),
+        (
+            "Insert_RootOnlyWatch",
+            count(|| (), |_| insert(RO), N as u64),
+        ),
+        ("Modify", count(|| (), |_| t = modify(&t), N as u64)),
+        ("GetInsert", count(|| (), |_| t = get_insert(&t), N as u64)),
+        (
+            "GetWatch (watches exist)",
+            count(
+                || (),
+                |_| (0..N).for_each(|i| drop(watched.get_watch(&key(i)))),
+                N as u64,
+            ),
+        ),
+        (
+            "GetWatch (first watch)",
+            count(
+                || tree_n(N, Options::default()),
+                |t| (0..N).for_each(|i| drop(t.get_watch(&key(i)))),
+                N as u64,
+            ),
+        ),
+        (
+            "WatchReplace",
+            count(
+                || tree_n(N, Options::default()),
+                |t| watch_replace(&t),
+                N as u64,
+            ),
+        ),
+    ] {
+        allocs.push((name.into(), a, by));
+    }
 
-    // Transactions of N keys, time per key.
-    for batch in [1u32, 10, 100, 1000] {
+    // Go's benchmark_txn_batch / benchmark_txn_delete_batch: time per key.
+    for batch in [1u64, 10, 100, 1000] {
         let mut g = c.benchmark_group("part");
-        g.throughput(Throughput::Elements(batch as u64));
+        g.throughput(Throughput::Elements(batch));
         let name = format!("txn_{batch}");
-        let mut tree = tree_n(N, Options::default());
-        let mut next = 0u32;
-        let run = move |tree: &mut Tree<u32>, next: &mut u32| {
-            let mut txn = tree.txn();
-            for _ in 0..batch {
-                *next = (*next + 1) % N;
-                txn.insert(&key(*next), *next).unwrap();
-            }
-            *tree = txn.commit();
-        };
-        g.bench_function(&name, |b| b.iter(|| run(&mut tree, &mut next)));
-        let mut t2 = tree_n(N, Options::default());
-        let mut n2 = 0;
-        let (a, by) = count(|| (), |_| run(&mut t2, &mut n2), batch as u64);
+        let mut tree = tree64(0..0);
+        g.bench_function(&name, |b| b.iter(|| txn_batch(&mut tree, batch)));
+        let mut t2 = tree64(0..batch);
+        let (a, by) = count(|| (), |_| txn_batch(&mut t2, batch), batch);
         allocs.push((name, a, by));
 
         let name = format!("txn_delete_{batch}");
-        let del = move |t: Tree<u32>| {
-            let mut txn = t.txn();
-            for i in 0..batch {
-                txn.delete(&key(i));
-            }
-            txn.commit()
-        };
-        g.bench_function(&name, |b| {
-            b.iter_batched(
-                || tree_n(batch, Options::default()),
-                del,
-                BatchSize::SmallInput,
-            )
-        });
-        let (a, by) = count(|| tree_n(batch, Options::default()), del, batch as u64);
+        let full = tree64(0..batch);
+        g.bench_function(&name, |b| b.iter(|| txn_delete_batch(&full, batch)));
+        let (a, by) = count(|| (), |_| txn_delete_batch(&full, batch), batch);
         allocs.push((name, a, by));
         g.finish();
     }
@@ -249,22 +276,16 @@ fn bench_part(c: &mut Criterion, allocs: &mut Vec<(String, f64, f64)>) {
     let mut g = c.benchmark_group("part");
     g.sample_size(10);
     g.throughput(Throughput::Elements(100_000));
-    let mut order: Vec<u32> = (0..100_000).collect();
+    let mut order: Vec<u64> = (0..100_000).collect();
     order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(1));
-    let big = tree_n(100_000, Options::default());
+    let big = tree64(0..100_000);
     g.bench_function("Delete_Random", |b| {
-        b.iter_batched(
-            || big.clone(),
-            |t| {
-                let mut txn = t.txn();
-                drop(t);
-                for &i in &order {
-                    txn.delete(&key(i));
-                }
-                txn.commit()
-            },
-            BatchSize::PerIteration,
-        )
+        b.iter(|| {
+            let mut txn = big.txn();
+            for &k in &order {
+                txn.delete(&key64(k));
+            }
+        })
     });
     g.finish();
 }
@@ -356,6 +377,9 @@ fn bench_peers(c: &mut Criterion, allocs: &mut Vec<(String, f64, f64)>) {
 }
 
 fn main() {
+    // Chosen before anything is allocated that would later be freed.
+    let mimalloc = std::env::var_os("PART_BENCH_ALLOC").is_some_and(|v| v == "mimalloc");
+    USE_MIMALLOC.store(mimalloc, Relaxed);
     let mut c = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))

@@ -23,6 +23,7 @@
 //! ```
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 
+mod bytes;
 mod iter;
 mod lazy;
 mod node;

@@ -325,107 +325,111 @@ impl<V> Node<V> {
         }
     }
 
-    fn take_terminal(&mut self) -> Option<Child<V>> {
-        self.terminal_mut().and_then(Option::take)
-    }
-
-    /// Drains the children in key order (the terminal stays).
-    fn drain_children(&mut self) -> Vec<(u8, Child<V>)> {
-        let mut out = Vec::with_capacity(self.num_children());
-        match &mut self.kind {
-            Kind::Leaf(_) => {}
+    /// Moves to the next larger kind, transferring children directly.
+    fn grow(&mut self) {
+        let kind = match &mut self.kind {
             Kind::N4(n) => {
-                for i in 0..n.len as usize {
-                    out.extend(n.children[i].take().map(|c| (n.keys[i], c)));
+                let mut m = Box::new(N16 {
+                    terminal: n.terminal.take(),
+                    len: n.len,
+                    keys: [0; 16],
+                    children: none_array(),
+                });
+                let len = n.len as usize;
+                m.keys[..len].copy_from_slice(&n.keys[..len]);
+                for i in 0..len {
+                    m.children[i] = n.children[i].take();
                 }
-                n.len = 0;
+                Kind::N16(m)
             }
             Kind::N16(n) => {
+                let mut m = Box::new(N48 {
+                    terminal: n.terminal.take(),
+                    len: n.len,
+                    index: [0; 256],
+                    children: none_array(),
+                });
                 for i in 0..n.len as usize {
-                    out.extend(n.children[i].take().map(|c| (n.keys[i], c)));
+                    m.index[n.keys[i] as usize] = i as u8 + 1;
+                    m.children[i] = n.children[i].take();
                 }
-                n.len = 0;
+                Kind::N48(m)
             }
             Kind::N48(n) => {
+                let mut m = Box::new(N256 {
+                    terminal: n.terminal.take(),
+                    len: n.len as u16,
+                    children: none_array(),
+                });
                 for b in 0..256 {
                     let s = n.index[b];
                     if s != 0 {
-                        out.extend(n.children[s as usize - 1].take().map(|c| (b as u8, c)));
-                        n.index[b] = 0;
+                        m.children[b] = n.children[s as usize - 1].take();
                     }
                 }
-                n.len = 0;
+                Kind::N256(m)
             }
-            Kind::N256(n) => {
-                for (b, c) in n.children.iter_mut().enumerate() {
-                    out.extend(c.take().map(|c| (b as u8, c)));
-                }
-                n.len = 0;
-            }
-        }
-        out
-    }
-
-    fn rebuild(&mut self, kind: Kind<V>) {
-        let terminal = self.take_terminal();
-        let children = self.drain_children();
-        self.kind = kind;
-        if let Some(t) = self.terminal_mut() {
-            *t = terminal;
-        }
-        for (b, c) in children {
-            self.add_child(b, c);
-        }
-    }
-
-    fn grow(&mut self) {
-        let kind = match &self.kind {
-            Kind::N4(_) => Kind::N16(Box::new(N16 {
-                terminal: None,
-                len: 0,
-                keys: [0; 16],
-                children: none_array(),
-            })),
-            Kind::N16(_) => Kind::N48(Box::new(N48 {
-                terminal: None,
-                len: 0,
-                index: [0; 256],
-                children: none_array(),
-            })),
-            Kind::N48(_) => Kind::N256(Box::new(N256 {
-                terminal: None,
-                len: 0,
-                children: none_array(),
-            })),
             _ => unreachable!("grow on a leaf or node256"),
         };
-        self.rebuild(kind);
+        self.kind = kind;
     }
 
+    /// Moves to the next smaller kind once the count falls below the
+    /// hysteresis threshold.
     fn maybe_shrink(&mut self) {
         let n = self.num_children();
-        let kind = match &self.kind {
-            Kind::N16(_) if n < N16_MIN => Kind::N4(Box::new(N4 {
-                terminal: None,
-                len: 0,
-                keys: [0; 4],
-                children: none_array(),
-            })),
-            Kind::N48(_) if n < N48_MIN => Kind::N16(Box::new(N16 {
-                terminal: None,
-                len: 0,
-                keys: [0; 16],
-                children: none_array(),
-            })),
-            Kind::N256(_) if n < N256_MIN => Kind::N48(Box::new(N48 {
-                terminal: None,
-                len: 0,
-                index: [0; 256],
-                children: none_array(),
-            })),
+        let kind = match &mut self.kind {
+            Kind::N16(x) if n < N16_MIN => {
+                let mut m = Box::new(N4 {
+                    terminal: x.terminal.take(),
+                    len: x.len,
+                    keys: [0; 4],
+                    children: none_array(),
+                });
+                m.keys[..n].copy_from_slice(&x.keys[..n]);
+                for i in 0..n {
+                    m.children[i] = x.children[i].take();
+                }
+                Kind::N4(m)
+            }
+            Kind::N48(x) if n < N48_MIN => {
+                let mut m = Box::new(N16 {
+                    terminal: x.terminal.take(),
+                    len: 0,
+                    keys: [0; 16],
+                    children: none_array(),
+                });
+                for b in 0..256 {
+                    let s = x.index[b];
+                    if s != 0 {
+                        let i = m.len as usize;
+                        m.keys[i] = b as u8;
+                        m.children[i] = x.children[s as usize - 1].take();
+                        m.len += 1;
+                    }
+                }
+                Kind::N16(m)
+            }
+            Kind::N256(x) if n < N256_MIN => {
+                let mut m = Box::new(N48 {
+                    terminal: x.terminal.take(),
+                    len: 0,
+                    index: [0; 256],
+                    children: none_array(),
+                });
+                for b in 0..256 {
+                    if let Some(c) = x.children[b].take() {
+                        let i = m.len as usize;
+                        m.children[i] = Some(c);
+                        m.index[b] = i as u8 + 1;
+                        m.len += 1;
+                    }
+                }
+                Kind::N48(m)
+            }
             _ => return,
         };
-        self.rebuild(kind);
+        self.kind = kind;
     }
 
     /// The child at the first position `>= pos` (positions are array slots for

@@ -8,7 +8,7 @@ use crate::iter::{IntoIter, Iter, Raw, Scan};
 use crate::node::{Child, Node};
 use crate::txn::Txn;
 use crate::watch::Watch;
-use crate::Error;
+use crate::{bytes, Error};
 
 /// How a tree hands out watches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -236,18 +236,17 @@ pub(crate) fn get<'a, V>(root: &'a Node<V>, key: &[u8]) -> Option<&'a V> {
     let mut depth = 0;
     loop {
         let seg = node.bytes.as_slice();
-        let end = depth + seg.len();
-        if key.len() < end || &key[depth..end] != seg {
+        if !bytes::starts_with(&key[depth..], seg) {
             return None;
         }
-        depth = end;
+        depth += seg.len();
         let child = if depth == key.len() {
             return node.terminal()?.leaf_value();
         } else {
             node.find_child(key[depth])?
         };
         if child.is_leaf() {
-            return if child.bytes.as_slice() == key {
+            return if bytes::eq(&child.bytes, key) {
                 child.leaf_value()
             } else {
                 None
@@ -264,11 +263,10 @@ pub(crate) fn get_with_node<'a, V>(root: &'a Node<V>, key: &[u8]) -> (Option<&'a
     let mut depth = 0;
     loop {
         let seg = node.bytes.as_slice();
-        let end = depth + seg.len();
-        if key.len() < end || &key[depth..end] != seg {
+        if !bytes::starts_with(&key[depth..], seg) {
             return (None, node);
         }
-        depth = end;
+        depth += seg.len();
         let child = if depth == key.len() {
             node.terminal()
         } else {
@@ -278,7 +276,7 @@ pub(crate) fn get_with_node<'a, V>(root: &'a Node<V>, key: &[u8]) -> (Option<&'a
             return (None, node);
         };
         if child.is_leaf() {
-            return if child.bytes.as_slice() == key {
+            return if bytes::eq(&child.bytes, key) {
                 (child.leaf_value(), child)
             } else {
                 (None, node)

@@ -156,13 +156,14 @@ impl<V: Clone> Txn<V> {
             let split = {
                 let n: &Node<V> = slot;
                 if n.is_leaf() {
-                    if n.bytes.as_slice() == key {
+                    if crate::bytes::eq(&n.bytes, key) {
                         return Ok(Some(replace_leaf(rec, slot, key, f)));
                     }
                     Some(common_prefix(&n.bytes[depth..], &key[depth..]))
+                } else if crate::bytes::starts_with(&key[depth..], &n.bytes) {
+                    None
                 } else {
-                    let cp = common_prefix(&n.bytes, &key[depth..]);
-                    (cp < n.bytes.len()).then_some(cp)
+                    Some(common_prefix(&n.bytes, &key[depth..]))
                 }
             };
             if let Some(cp) = split {

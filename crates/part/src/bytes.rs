@@ -1,0 +1,64 @@
+//! Short byte-string comparisons without a `memcmp` call: node segments and
+//! keys are mostly a few bytes long, where a call costs more than the compare.
+
+/// `a == b`.
+#[inline(always)]
+pub(crate) fn eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && eq_same_len(a, b)
+}
+
+/// `hay.starts_with(needle)`.
+#[inline(always)]
+pub(crate) fn starts_with(hay: &[u8], needle: &[u8]) -> bool {
+    hay.len() >= needle.len() && eq_same_len(&hay[..needle.len()], needle)
+}
+
+/// Compares two slices of equal length with (possibly overlapping) word
+/// loads from both ends.
+#[inline(always)]
+fn eq_same_len(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    debug_assert_eq!(n, b.len());
+    match n {
+        0 => true,
+        1 => a[0] == b[0],
+        2..=3 => u16_at(a, 0) == u16_at(b, 0) && u16_at(a, n - 2) == u16_at(b, n - 2),
+        4..=7 => u32_at(a, 0) == u32_at(b, 0) && u32_at(a, n - 4) == u32_at(b, n - 4),
+        8..=16 => u64_at(a, 0) == u64_at(b, 0) && u64_at(a, n - 8) == u64_at(b, n - 8),
+        _ => a == b,
+    }
+}
+
+#[inline(always)]
+fn u16_at(s: &[u8], i: usize) -> u16 {
+    u16::from_ne_bytes([s[i], s[i + 1]])
+}
+
+#[inline(always)]
+fn u32_at(s: &[u8], i: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&s[i..i + 4]);
+    u32::from_ne_bytes(w)
+}
+
+#[inline(always)]
+fn u64_at(s: &[u8], i: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&s[i..i + 8]);
+    u64::from_ne_bytes(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn matches_std(a in proptest::collection::vec(0u8..3, 0..40), b in proptest::collection::vec(0u8..3, 0..40)) {
+            prop_assert_eq!(super::eq(&a, &b), a == b);
+            prop_assert_eq!(super::starts_with(&a, &b), a.starts_with(&b));
+            let same = a.clone();
+            prop_assert!(super::eq(&a, &same));
+        }
+    }
+}
