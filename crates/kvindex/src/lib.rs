@@ -25,6 +25,7 @@ pub mod reference;
 pub mod scores;
 pub mod stats;
 pub mod tree;
+pub mod workload;
 
 pub use event::{ApplyError, KvEvent, KvEventData, StoredBlock, WorkerKey};
 pub use hash::{

@@ -37,6 +37,13 @@ impl OverlapScores {
         self.scores.is_empty()
     }
 
+    /// An empty result with room for `n` workers.
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            scores: HashMap::with_capacity_and_hasher(n, Default::default()),
+        }
+    }
+
     /// Sets `w`'s score (a zero score removes it).
     pub fn set(&mut self, w: WorkerKey, score: u32) {
         if score == 0 {

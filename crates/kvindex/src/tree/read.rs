@@ -71,6 +71,7 @@ impl ConcurrentIndex {
         if done.is_empty() && active.is_empty() {
             return out;
         }
+        out = OverlapScores::with_capacity(done.len() + active.len());
         let reg = self.registry.read();
         for (w, s) in done {
             out.set(reg.keys[w as usize], s);
