@@ -1,1 +1,69 @@
-//! statedb (placeholder).
+//! `statedb`: an in-memory transactional database of immutable tables, built
+//! on the persistent radix tree [`part`].
+//!
+//! A control plane keeps its desired and observed state here and reacts to
+//! it:
+//!
+//! * a [`Db`] holds [`Table`]s; each table has a unique primary [`Index`] and
+//!   any number of secondary indexes (unique or not);
+//! * [`Db::read_txn`] is a consistent snapshot of every table, taken in O(1)
+//!   without locks;
+//! * [`Db::write_txn`] locks the tables it will write (deadlock-free, in table
+//!   order) and commits them atomically;
+//! * every query has a watch variant returning a [`Watch`] that fires when
+//!   its result may have changed;
+//! * every object carries the revision of its last write; [`Table::changes`]
+//!   follows inserts, updates and deletes in revision order, keeping deleted
+//!   objects in a graveyard only while some consumer still needs them.
+//!
+//! ```
+//! use statedb::{Db, Index, Table};
+//!
+//! #[derive(Clone, Debug, PartialEq)]
+//! struct Node { id: u64, name: String }
+//!
+//! let db = Db::new();
+//! let by_id = Index::unique("id", |n: &Node| n.id);
+//! let by_name = Index::unique("name", |n: &Node| n.name.clone());
+//! let nodes: Table<Node> = db
+//!     .create_table("nodes", &by_id, &[by_name.erase()])
+//!     .unwrap();
+//!
+//! let mut txn = db.write_txn(&[&nodes]).unwrap();
+//! nodes.insert(&mut txn, Node { id: 1, name: "a".into() }).unwrap();
+//! let rtxn = txn.commit().unwrap();
+//!
+//! let n = nodes.get(&rtxn, &by_name, &"a".to_string()).unwrap().unwrap();
+//! assert_eq!(n.id, 1);
+//! assert_eq!(n.revision(), 1);
+//! ```
+#![deny(missing_docs, unsafe_op_in_unsafe_fn)]
+#![forbid(unsafe_code)]
+
+mod changes;
+mod db;
+mod error;
+mod index;
+mod init;
+mod key;
+mod metrics;
+mod object;
+mod table;
+mod txn;
+
+pub use changes::{Change, ChangeKind, Changes};
+pub use db::{Db, DbOptions, TableStats};
+pub use error::Error;
+pub use index::{AnyIndex, Index};
+pub use init::Initializer;
+pub use key::{escape_nonunique, IpPrefix, Key};
+pub use object::Object;
+pub use part::{Watch, WatchSet};
+pub use table::{AnyTable, Table};
+pub use txn::{ReadTxn, TxnRead, WriteTxn};
+
+/// A table's revision counter: each write takes the next value.
+pub type Revision = u64;
+
+/// Result alias for this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

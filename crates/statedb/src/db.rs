@@ -1,0 +1,428 @@
+//! The database: table registration, the published root, commit and
+//! graveyard collection.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use parking_lot::{Mutex, RwLock};
+use smallvec::SmallVec;
+
+use crate::index::{AnyIndex, Index};
+use crate::metrics::TableMetrics;
+use crate::table::{AnyTable, Finished, Storable, Table, TableInner, TableMeta, TableRoot};
+use crate::txn::{Locked, ReadTxn, WriteTxn};
+use crate::{Error, Result, Revision};
+
+/// The published state: one root per table, indexed by table id.
+pub(crate) type Roots = Vec<Arc<dyn Any + Send + Sync>>;
+
+static NEXT_DB: AtomicU64 = AtomicU64::new(1);
+
+/// Database options.
+#[derive(Clone, Debug)]
+pub struct DbOptions {
+    /// How often the background collector looks for graveyard entries every
+    /// consumer has processed. `None`: no background thread; call
+    /// [`Db::collect_garbage`].
+    pub gc_interval: Option<Duration>,
+}
+
+impl Default for DbOptions {
+    fn default() -> Self {
+        DbOptions {
+            gc_interval: Some(Duration::from_millis(100)),
+        }
+    }
+}
+
+/// Per-table figures, as [`Db::stats`] reports them.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TableStats {
+    /// Table name.
+    pub name: String,
+    /// Live objects.
+    pub objects: usize,
+    /// Current revision.
+    pub revision: Revision,
+    /// Deleted objects kept for change-stream consumers.
+    pub graveyard: usize,
+    /// Write-lock acquisitions, total and longest wait.
+    pub lock_wait: (u64, Duration, Duration),
+    /// Write-lock holds, total and longest hold.
+    pub lock_hold: (u64, Duration, Duration),
+    /// Commits touching the table, total and longest commit time.
+    pub commit: (u64, Duration, Duration),
+}
+
+/// The type-erased table operations the database runs itself.
+pub(crate) trait TableOps: Send + Sync {
+    fn meta(&self) -> &Arc<TableMeta>;
+    /// (objects, revision, graveyard size) in `roots`.
+    fn sizes(&self, roots: &Roots) -> (usize, Revision, usize);
+    /// Drops graveyard entries every consumer has processed; returns how
+    /// many.
+    fn collect(&self, db: &DbInner) -> usize;
+}
+
+pub(crate) struct DbInner {
+    pub(crate) uid: u64,
+    pub(crate) root: ArcSwap<Roots>,
+    commit_lock: Mutex<()>,
+    pub(crate) tables: RwLock<Vec<Arc<dyn TableOps>>>,
+    gc_thread: Mutex<Option<Thread>>,
+    closing: AtomicBool,
+}
+
+impl Drop for DbInner {
+    fn drop(&mut self) {
+        self.closing.store(true, Ordering::SeqCst);
+        if let Some(t) = self.gc_thread.lock().take() {
+            t.unpark();
+        }
+    }
+}
+
+/// The database: a set of tables with atomic multi-table writes and
+/// lock-free snapshot reads. Cheap to clone; clones share the database.
+#[derive(Clone)]
+pub struct Db {
+    pub(crate) inner: Arc<DbInner>,
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self
+            .inner
+            .tables
+            .read()
+            .iter()
+            .map(|t| t.meta().name.clone())
+            .collect();
+        f.debug_struct("Db").field("tables", &names).finish()
+    }
+}
+
+impl Default for Db {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Checks a table or index name: 1 to 64 characters, a lowercase ASCII
+/// letter first, then lowercase letters, digits, `_` or `-`.
+pub(crate) fn validate_name(what: &'static str, name: &str) -> Result<()> {
+    let err = |reason| {
+        Err(Error::InvalidName {
+            what,
+            name: name.to_string(),
+            reason,
+        })
+    };
+    if name.is_empty() {
+        return err("empty");
+    }
+    if name.len() > 64 {
+        return err("longer than 64 bytes");
+    }
+    if !name.as_bytes()[0].is_ascii_lowercase() {
+        return err("must start with a lowercase ASCII letter");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    {
+        return err("only lowercase ASCII letters, digits, '_' and '-' are allowed");
+    }
+    Ok(())
+}
+
+impl Db {
+    /// A database with default options (a background collector every
+    /// 100 ms).
+    pub fn new() -> Self {
+        Self::with_options(DbOptions::default())
+    }
+
+    /// A database with the given options.
+    pub fn with_options(opts: DbOptions) -> Self {
+        let inner = Arc::new(DbInner {
+            uid: NEXT_DB.fetch_add(1, Ordering::Relaxed),
+            root: ArcSwap::from_pointee(Vec::new()),
+            commit_lock: Mutex::new(()),
+            tables: RwLock::new(Vec::new()),
+            gc_thread: Mutex::new(None),
+            closing: AtomicBool::new(false),
+        });
+        if let Some(every) = opts.gc_interval {
+            let weak = Arc::downgrade(&inner);
+            if let Ok(h) = std::thread::Builder::new()
+                .name("statedb-gc".into())
+                .spawn(move || gc_loop(weak, every))
+            {
+                *inner.gc_thread.lock() = Some(h.thread().clone());
+            }
+        }
+        Db { inner }
+    }
+
+    /// Creates a table with a primary index (unique, one key per object) and
+    /// secondary indexes. Names are checked (see the crate docs); each index
+    /// joins exactly one table.
+    pub fn create_table<T: Storable, K>(
+        &self,
+        name: &str,
+        primary: &Index<T, K>,
+        secondary: &[AnyIndex<T>],
+    ) -> Result<Table<T>> {
+        validate_name("table", name)?;
+        let p = primary.erase();
+        if !p.inner.unique || !p.inner.single {
+            return Err(Error::PrimaryNotUnique(p.name().to_string()));
+        }
+        let mut indexes = vec![p];
+        indexes.extend(secondary.iter().cloned());
+        for (i, ix) in indexes.iter().enumerate() {
+            validate_name("index", ix.name())?;
+            if indexes[..i].iter().any(|o| o.name() == ix.name()) {
+                return Err(Error::DuplicateIndex {
+                    table: name.to_string(),
+                    index: ix.name().to_string(),
+                });
+            }
+            if ix.inner.slot.get().is_some() {
+                return Err(Error::IndexInUse(ix.name().to_string()));
+            }
+        }
+        let mut tables = self.inner.tables.write();
+        if tables.iter().any(|t| t.meta().name == name) {
+            return Err(Error::TableExists(name.to_string()));
+        }
+        let meta = Arc::new(TableMeta {
+            db_uid: self.inner.uid,
+            id: tables.len(),
+            name: name.to_string(),
+            lock: Arc::new(Mutex::new(Default::default())),
+            metrics: TableMetrics::new(name),
+        });
+        let uid = Arc::as_ptr(&meta) as u64;
+        for (pos, ix) in indexes.iter().enumerate() {
+            if ix.inner.slot.set((uid, pos)).is_err() {
+                return Err(Error::IndexInUse(ix.name().to_string()));
+            }
+        }
+        let n = indexes.len();
+        let inner = Arc::new(TableInner { meta, indexes });
+        {
+            let _g = self.inner.commit_lock.lock();
+            let mut roots: Roots = (**self.inner.root.load()).clone();
+            roots.push(Arc::new(TableRoot::<T>::new(n)));
+            self.inner.root.store(Arc::new(roots));
+        }
+        tables.push(inner.clone());
+        Ok(Table { inner })
+    }
+
+    /// A consistent snapshot of every table: one atomic load, no lock.
+    #[inline]
+    pub fn read_txn(&self) -> ReadTxn {
+        ReadTxn {
+            db_uid: self.inner.uid,
+            roots: self.inner.root.load_full(),
+        }
+    }
+
+    /// A write transaction locking `tables` (in table-id order, repetitions
+    /// ignored: deadlock-free whatever the order). Blocks while another
+    /// write transaction holds one of them. Do not open a second write
+    /// transaction on a table from the thread already holding one.
+    pub fn write_txn(&self, tables: &[&dyn AnyTable]) -> Result<WriteTxn> {
+        let mut metas: SmallVec<[&Arc<TableMeta>; 4]> = SmallVec::new();
+        for t in tables {
+            let m = t.meta();
+            if m.db_uid != self.inner.uid {
+                return Err(Error::ForeignTable(m.name.clone()));
+            }
+            metas.push(m);
+        }
+        metas.sort_unstable_by_key(|m| m.id);
+        metas.dedup_by_key(|m| m.id);
+        let mut locked = SmallVec::with_capacity(metas.len());
+        for m in metas {
+            let t0 = Instant::now();
+            let guard = m.lock.lock_arc();
+            let acquired = Instant::now();
+            m.metrics.lock_waited(acquired - t0);
+            locked.push(Locked {
+                meta: m.clone(),
+                guard,
+                acquired,
+                state: None,
+            });
+        }
+        Ok(WriteTxn {
+            db: self.inner.clone(),
+            base: self.inner.root.load_full(),
+            locked,
+            done: false,
+            poisoned: false,
+        })
+    }
+
+    /// Runs graveyard collection now, on this thread; returns how many
+    /// deleted objects were dropped.
+    pub fn collect_garbage(&self) -> usize {
+        self.inner.collect_garbage()
+    }
+
+    /// Figures for every table.
+    pub fn stats(&self) -> Vec<TableStats> {
+        let roots = self.inner.root.load_full();
+        self.inner
+            .tables
+            .read()
+            .iter()
+            .map(|t| {
+                let (objects, revision, graveyard) = t.sizes(&roots);
+                let m = &t.meta().metrics;
+                TableStats {
+                    name: t.meta().name.clone(),
+                    objects,
+                    revision,
+                    graveyard,
+                    lock_wait: m.lock_wait.snapshot(),
+                    lock_hold: m.lock_hold.snapshot(),
+                    commit: m.commit.snapshot(),
+                }
+            })
+            .collect()
+    }
+}
+
+fn gc_loop(weak: Weak<DbInner>, every: Duration) {
+    loop {
+        std::thread::park_timeout(every);
+        let Some(db) = weak.upgrade() else { return };
+        if db.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        db.collect_garbage();
+    }
+}
+
+impl DbInner {
+    fn collect_garbage(&self) -> usize {
+        let tables: Vec<Arc<dyn TableOps>> = self.tables.read().clone();
+        tables.iter().map(|t| t.collect(self)).sum()
+    }
+
+    /// Publishes one table's new root (the caller holds its lock).
+    pub(crate) fn publish_one(&self, id: usize, root: Arc<dyn Any + Send + Sync>) {
+        let _g = self.commit_lock.lock();
+        let mut roots: Roots = (**self.root.load()).clone();
+        roots[id] = root;
+        self.root.store(Arc::new(roots));
+    }
+
+    /// Commits the written tables of a write transaction: builds their new
+    /// roots, swaps the root vector in under the commit lock, releases the
+    /// table locks, then fires the watches.
+    pub(crate) fn commit(db: &Arc<DbInner>, locked: &mut SmallVec<[Locked; 4]>) -> Arc<Roots> {
+        let start = Instant::now();
+        let mut done: SmallVec<[(usize, Finished); 4]> = SmallVec::new();
+        for (i, l) in locked.iter_mut().enumerate() {
+            if let Some(s) = l.state.take() {
+                done.push((i, s.finish()));
+            }
+        }
+        let roots = if done.is_empty() {
+            db.root.load_full()
+        } else {
+            let _g = db.commit_lock.lock();
+            let mut roots: Roots = (**db.root.load()).clone();
+            for (i, f) in done.iter() {
+                roots[locked[*i].meta.id] = f.root.clone();
+            }
+            let roots = Arc::new(roots);
+            db.root.store(roots.clone());
+            roots
+        };
+        let released = Instant::now();
+        let metas: SmallVec<[Arc<TableMeta>; 4]> = locked.iter().map(|l| l.meta.clone()).collect();
+        for l in locked.drain(..) {
+            l.meta.metrics.lock_held(released - l.acquired);
+        }
+        let mut figures: SmallVec<[(usize, usize, Revision, usize); 4]> = SmallVec::new();
+        for (i, f) in done {
+            figures.push((i, f.objects, f.revision, f.graveyard));
+            drop(f.notify);
+        }
+        let took = start.elapsed();
+        for (i, objects, revision, graveyard) in figures {
+            metas[i]
+                .metrics
+                .committed(took, objects, revision, graveyard);
+        }
+        roots
+    }
+}
+
+impl<T: Storable> TableOps for TableInner<T> {
+    fn meta(&self) -> &Arc<TableMeta> {
+        &self.meta
+    }
+
+    fn sizes(&self, roots: &Roots) -> (usize, Revision, usize) {
+        match roots
+            .get(self.meta.id)
+            .and_then(|r| r.downcast_ref::<TableRoot<T>>())
+        {
+            Some(r) => (r.indexes[0].len(), r.revision, r.graveyard.len()),
+            None => (0, 0, 0),
+        }
+    }
+
+    fn collect(&self, db: &DbInner) -> usize {
+        let id = self.meta.id;
+        let empty = |roots: &Roots| {
+            roots
+                .get(id)
+                .and_then(|r| r.downcast_ref::<TableRoot<T>>())
+                .is_none_or(|r| r.graveyard.is_empty())
+        };
+        if empty(&db.root.load()) {
+            return 0;
+        }
+        let mut guard = self.meta.lock.lock();
+        let low = guard.low_watermark();
+        let roots = db.root.load_full();
+        let Some(root) = roots.get(id).and_then(|r| r.downcast_ref::<TableRoot<T>>()) else {
+            return 0;
+        };
+        let mut txn = root.graveyard.txn();
+        let mut n = 0;
+        for (k, _) in root.graveyard.iter() {
+            let rev = crate::changes::decode_rev(k);
+            if low.is_some_and(|l| rev > l) {
+                break;
+            }
+            txn.delete(k);
+            n += 1;
+        }
+        if n == 0 {
+            return 0;
+        }
+        let (graveyard, notifier) = txn.commit_only();
+        let left = graveyard.len();
+        let mut new_root = root.clone();
+        new_root.graveyard = graveyard;
+        db.publish_one(id, Arc::new(new_root));
+        drop(guard);
+        drop(notifier);
+        self.meta.metrics.graveyard_size(left);
+        n
+    }
+}

@@ -1,0 +1,235 @@
+//! Index declarations: a name, uniqueness, and a function from an object to
+//! its keys.
+
+use std::borrow::Borrow;
+use std::marker::PhantomData;
+use std::sync::{Arc, OnceLock};
+
+use smallvec::SmallVec;
+
+use crate::key::{escape_nonunique, escape_prefix, Key};
+
+/// The encoded keys of one object in one index: one buffer, end offsets.
+#[derive(Default, Debug, Clone)]
+pub(crate) struct KeyBuf {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) ends: SmallVec<[usize; 4]>,
+}
+
+impl KeyBuf {
+    pub(crate) fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+
+    pub(crate) fn push<K: Key + ?Sized>(&mut self, k: &K) {
+        k.encode(&mut self.bytes);
+        self.ends.push(self.bytes.len());
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub(crate) fn get(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.bytes[start..self.ends[i]]
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        (0..self.len()).map(|i| self.get(i))
+    }
+
+    pub(crate) fn contains(&self, k: &[u8]) -> bool {
+        self.iter().any(|x| x == k)
+    }
+}
+
+type KeyFn<T> = dyn Fn(&T, &mut KeyBuf) + Send + Sync;
+
+pub(crate) struct IndexInner<T> {
+    pub(crate) name: String,
+    pub(crate) unique: bool,
+    /// Exactly one key per object (required of primary indexes).
+    pub(crate) single: bool,
+    pub(crate) keys: Box<KeyFn<T>>,
+    /// (table uid, position in the table) once the index joins a table.
+    pub(crate) slot: OnceLock<(u64, usize)>,
+}
+
+/// An index without its key type: what a table is declared with.
+pub struct AnyIndex<T> {
+    pub(crate) inner: Arc<IndexInner<T>>,
+}
+
+impl<T> Clone for AnyIndex<T> {
+    fn clone(&self) -> Self {
+        AnyIndex {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for AnyIndex<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Index")
+            .field("name", &self.inner.name)
+            .field("unique", &self.inner.unique)
+            .finish()
+    }
+}
+
+impl<T> AnyIndex<T> {
+    /// The index's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Whether each key maps to at most one object.
+    pub fn is_unique(&self) -> bool {
+        self.inner.unique
+    }
+
+    /// Encoded keys of `obj` into `buf` (cleared first).
+    pub(crate) fn keys_of(&self, obj: &T, buf: &mut KeyBuf) {
+        buf.clear();
+        (self.inner.keys)(obj, buf);
+    }
+}
+
+/// An index of objects `T` by keys `K`: a name, whether it is unique, and a
+/// function from an object to its key(s). Cheap to clone; it joins exactly
+/// one table.
+pub struct Index<T, K> {
+    any: AnyIndex<T>,
+    _k: PhantomData<fn(&K)>,
+}
+
+impl<T, K> Clone for Index<T, K> {
+    fn clone(&self) -> Self {
+        Index {
+            any: self.any.clone(),
+            _k: PhantomData,
+        }
+    }
+}
+
+impl<T, K> std::fmt::Debug for Index<T, K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.any.fmt(f)
+    }
+}
+
+impl<T: 'static, K: Key + 'static> Index<T, K> {
+    fn build(name: &str, unique: bool, single: bool, keys: Box<KeyFn<T>>) -> Self {
+        Index {
+            any: AnyIndex {
+                inner: Arc::new(IndexInner {
+                    name: name.to_string(),
+                    unique,
+                    single,
+                    keys,
+                    slot: OnceLock::new(),
+                }),
+            },
+            _k: PhantomData,
+        }
+    }
+
+    /// A unique index with one key per object (what a primary index is).
+    pub fn unique(name: &str, f: impl Fn(&T) -> K + Send + Sync + 'static) -> Self {
+        Self::build(name, true, true, Box::new(move |o, b| b.push(&f(o))))
+    }
+
+    /// A non-unique index with one key per object.
+    pub fn non_unique(name: &str, f: impl Fn(&T) -> K + Send + Sync + 'static) -> Self {
+        Self::build(name, false, true, Box::new(move |o, b| b.push(&f(o))))
+    }
+
+    /// A unique index with any number of keys per object.
+    pub fn unique_multi<I>(name: &str, f: impl Fn(&T) -> I + Send + Sync + 'static) -> Self
+    where
+        I: IntoIterator<Item = K>,
+    {
+        Self::build(
+            name,
+            true,
+            false,
+            Box::new(move |o, b| {
+                for k in f(o) {
+                    b.push(&k)
+                }
+            }),
+        )
+    }
+
+    /// A non-unique index with any number of keys per object.
+    pub fn non_unique_multi<I>(name: &str, f: impl Fn(&T) -> I + Send + Sync + 'static) -> Self
+    where
+        I: IntoIterator<Item = K>,
+    {
+        Self::build(
+            name,
+            false,
+            false,
+            Box::new(move |o, b| {
+                for k in f(o) {
+                    b.push(&k)
+                }
+            }),
+        )
+    }
+}
+
+impl<T, K> Index<T, K> {
+    /// The index without its key type, to declare a table with.
+    pub fn erase(&self) -> AnyIndex<T> {
+        self.any.clone()
+    }
+
+    /// The index's name.
+    pub fn name(&self) -> &str {
+        &self.any.inner.name
+    }
+
+    /// Whether each key maps to at most one object.
+    pub fn is_unique(&self) -> bool {
+        self.any.inner.unique
+    }
+
+    pub(crate) fn any(&self) -> &AnyIndex<T> {
+        &self.any
+    }
+
+    /// The stored-key form of a point query: the key itself (unique) or its
+    /// escaped, terminated form (non-unique: a prefix of exactly the
+    /// entries of this key).
+    pub(crate) fn point<Q: Key + ?Sized>(&self, q: &Q) -> Vec<u8>
+    where
+        K: Borrow<Q>,
+    {
+        let plain = q.to_key();
+        if self.is_unique() {
+            plain
+        } else {
+            let mut out = Vec::with_capacity(plain.len() + 2);
+            escape_nonunique(&plain, &mut out);
+            out
+        }
+    }
+
+    /// The stored-key form of a prefix query.
+    pub(crate) fn prefix<Q: Key + ?Sized>(&self, q: &Q) -> Vec<u8>
+    where
+        K: Borrow<Q>,
+    {
+        let plain = q.to_key();
+        if self.is_unique() {
+            plain
+        } else {
+            let mut out = Vec::with_capacity(plain.len() + 2);
+            escape_prefix(&plain, &mut out);
+            out
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! Key encoders: byte strings whose lexicographic order is the natural order
+//! of the values they encode.
+//!
+//! * unsigned integers: big-endian, fixed width;
+//! * signed integers: sign bit flipped, big-endian, so negatives sort before
+//!   zero and positives (numeric order; Go statedb sorts them after);
+//! * `bool`: one byte, `false < true`;
+//! * strings and byte strings: their bytes;
+//! * IP addresses: a family byte (4 or 6) then the address bytes, so every
+//!   IPv4 address sorts before every IPv6 one and the two never collide;
+//! * [`IpPrefix`]: the address then the prefix length;
+//! * tuples: each component but the last in its *nested* (self-delimiting)
+//!   form, the last plain, so a prefix query on a tuple may leave its last
+//!   component partial.
+//!
+//! The nested form of a variable-length key is [`escape_nonunique`]: 0x00 is
+//! written 0x00 0xff and the key ends with 0x00 0x00. It preserves order and
+//! no nested key is a proper prefix of another; non-unique secondary indexes
+//! store `nested(secondary key) ++ primary key`, so one key's entries never
+//! show up in another key's results.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::Error;
+
+/// A value that can be an index key.
+pub trait Key {
+    /// Appends the order-preserving encoding of `self`.
+    fn encode(&self, out: &mut Vec<u8>);
+
+    /// Appends a self-delimiting order-preserving encoding (used inside
+    /// tuples). Fixed-width keys override this with [`Key::encode`].
+    fn encode_nested(&self, out: &mut Vec<u8>) {
+        let mut tmp = Vec::new();
+        self.encode(&mut tmp);
+        escape_nonunique(&tmp, out);
+    }
+
+    /// The encoding as a fresh vector.
+    fn to_key(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.encode(&mut v);
+        v
+    }
+}
+
+/// Appends `key` escaped (0x00 as 0x00 0xff) and terminated (0x00 0x00).
+///
+/// For any byte strings `a`, `b`: `esc(a) < esc(b)` iff `a < b`, and
+/// `esc(a)` is never a proper prefix of `esc(b)`.
+pub fn escape_nonunique(key: &[u8], out: &mut Vec<u8>) {
+    out.reserve(key.len() + 2);
+    for &b in key {
+        out.push(b);
+        if b == 0 {
+            out.push(0xff);
+        }
+    }
+    out.extend_from_slice(&[0, 0]);
+}
+
+/// The escaped form of `key` without the terminator: a prefix of the escaped
+/// form of every key starting with `key`, and of no other.
+pub(crate) fn escape_prefix(key: &[u8], out: &mut Vec<u8>) {
+    escape_nonunique(key, out);
+    out.truncate(out.len() - 2);
+}
+
+macro_rules! unsigned {
+    ($($t:ty),*) => {$(
+        impl Key for $t {
+            #[inline]
+            fn encode(&self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_be_bytes());
+            }
+            #[inline]
+            fn encode_nested(&self, out: &mut Vec<u8>) {
+                self.encode(out)
+            }
+        }
+    )*};
+}
+unsigned!(u8, u16, u32, u64, u128);
+
+macro_rules! signed {
+    ($($t:ty => $u:ty),*) => {$(
+        impl Key for $t {
+            #[inline]
+            fn encode(&self, out: &mut Vec<u8>) {
+                let flipped = (*self as $u) ^ (1 << (<$u>::BITS - 1));
+                out.extend_from_slice(&flipped.to_be_bytes());
+            }
+            #[inline]
+            fn encode_nested(&self, out: &mut Vec<u8>) {
+                self.encode(out)
+            }
+        }
+    )*};
+}
+signed!(i8 => u8, i16 => u16, i32 => u32, i64 => u64, i128 => u128);
+
+impl Key for usize {
+    fn encode(&self, out: &mut Vec<u8>) {
+        (*self as u64).encode(out)
+    }
+    fn encode_nested(&self, out: &mut Vec<u8>) {
+        self.encode(out)
+    }
+}
+
+impl Key for isize {
+    fn encode(&self, out: &mut Vec<u8>) {
+        (*self as i64).encode(out)
+    }
+    fn encode_nested(&self, out: &mut Vec<u8>) {
+        self.encode(out)
+    }
+}
+
+impl Key for bool {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.push(*self as u8);
+    }
+    fn encode_nested(&self, out: &mut Vec<u8>) {
+        self.encode(out)
+    }
+}
+
+impl Key for str {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.as_bytes());
+    }
+}
+
+impl Key for String {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self.as_bytes());
+    }
+}
+
+impl Key for [u8] {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+}
+
+impl Key for Vec<u8> {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+}
+
+impl<const N: usize> Key for [u8; N] {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+    fn encode_nested(&self, out: &mut Vec<u8>) {
+        self.encode(out)
+    }
+}
+
+impl<T: Key + ?Sized> Key for &T {
+    fn encode(&self, out: &mut Vec<u8>) {
+        (**self).encode(out)
+    }
+    fn encode_nested(&self, out: &mut Vec<u8>) {
+        (**self).encode_nested(out)
+    }
+}
+
+impl Key for Ipv4Addr {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.octets());
+    }
+    fn encode_nested(&self, out: &mut Vec<u8>) {
+        self.encode(out)
+    }
+}
+
+impl Key for Ipv6Addr {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.octets());
+    }
+    fn encode_nested(&self, out: &mut Vec<u8>) {
+        self.encode(out)
+    }
+}
+
+impl Key for IpAddr {
+    fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            IpAddr::V4(a) => {
+                out.push(4);
+                a.encode(out)
+            }
+            IpAddr::V6(a) => {
+                out.push(6);
+                a.encode(out)
+            }
+        }
+    }
+    fn encode_nested(&self, out: &mut Vec<u8>) {
+        // The family byte fixes the length: already self-delimiting.
+        self.encode(out)
+    }
+}
+
+/// An IP prefix (CIDR): an address and a prefix length, host bits cleared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct IpPrefix {
+    addr: IpAddr,
+    len: u8,
+}
+
+impl IpPrefix {
+    /// The prefix `addr/len`; host bits are cleared. A length past the
+    /// address width is an error.
+    pub fn new(addr: IpAddr, len: u8) -> Result<Self, Error> {
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        if len > max {
+            return Err(Error::InvalidPrefixLen { len, max });
+        }
+        let addr = match addr {
+            IpAddr::V4(a) => {
+                let m = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+                IpAddr::V4(Ipv4Addr::from(u32::from(a) & m))
+            }
+            IpAddr::V6(a) => {
+                let m = if len == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - len)
+                };
+                IpAddr::V6(Ipv6Addr::from(u128::from(a) & m))
+            }
+        };
+        Ok(IpPrefix { addr, len })
+    }
+
+    /// The network address.
+    pub fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
+    /// The prefix length in bits.
+    pub fn len(&self) -> u8 {
+        self.len
+    }
+
+    /// Whether the prefix length is zero (the prefix covers everything).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Key for IpPrefix {
+    fn encode(&self, out: &mut Vec<u8>) {
+        self.addr.encode(out);
+        out.push(self.len);
+    }
+    fn encode_nested(&self, out: &mut Vec<u8>) {
+        self.encode(out)
+    }
+}
+
+macro_rules! tuple {
+    ($($name:ident)+ ; $last:ident) => {
+        #[allow(non_snake_case)]
+        impl<$($name: Key,)+ $last: Key> Key for ($($name,)+ $last) {
+            fn encode(&self, out: &mut Vec<u8>) {
+                let ($($name,)+ $last) = self;
+                $($name.encode_nested(out);)+
+                $last.encode(out);
+            }
+            fn encode_nested(&self, out: &mut Vec<u8>) {
+                let ($($name,)+ $last) = self;
+                $($name.encode_nested(out);)+
+                $last.encode_nested(out);
+            }
+        }
+    };
+}
+tuple!(A; B);
+tuple!(A B; C);
+tuple!(A B C; D);
+tuple!(A B C D; E);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enc<K: Key>(k: K) -> Vec<u8> {
+        k.to_key()
+    }
+
+    #[test]
+    fn signed_order() {
+        let v = [i64::MIN, -1000, -1, 0, 1, 1000, i64::MAX];
+        for w in v.windows(2) {
+            assert!(enc(w[0]) < enc(w[1]), "{} vs {}", w[0], w[1]);
+        }
+        assert!(enc(-1i8) < enc(0i8));
+        assert!(enc(i16::MIN) < enc(i16::MAX));
+    }
+
+    #[test]
+    fn ip_family_order() {
+        let a: IpAddr = "255.255.255.255".parse().unwrap();
+        let b: IpAddr = "::".parse().unwrap();
+        assert!(enc(a) < enc(b));
+        let m: IpAddr = "::ffff:1.2.3.4".parse().unwrap();
+        assert_ne!(enc(m), enc(IpAddr::from([1, 2, 3, 4])));
+    }
+
+    #[test]
+    fn prefix_validation() {
+        let a: IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(
+            IpPrefix::new(a, 33),
+            Err(Error::InvalidPrefixLen { len: 33, max: 32 })
+        );
+        let p = IpPrefix::new(a, 8).unwrap();
+        assert_eq!(p.addr(), "10.0.0.0".parse::<IpAddr>().unwrap());
+        assert!(IpPrefix::new("::1".parse().unwrap(), 129).is_err());
+        assert_eq!(
+            IpPrefix::new(a, 0).unwrap().addr(),
+            "0.0.0.0".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn tuple_order() {
+        assert!(enc(("a".to_string(), 2u8)) < enc(("a\0".to_string(), 1u8)));
+        assert!(enc(("a".to_string(), 2u8)) < enc(("ab".to_string(), 1u8)));
+        assert!(enc((-1i32, "z")) < enc((0i32, "a")));
+    }
+}

@@ -1,0 +1,894 @@
+//! Tables: the handle, the committed per-table root, the per-table write
+//! state of a write transaction, and the queries.
+
+use std::any::Any;
+use std::borrow::Borrow;
+use std::ops::Bound;
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use part::{Scan, Tree, Watch};
+use smallvec::SmallVec;
+
+use crate::changes::Tracker;
+use crate::index::{AnyIndex, Index, KeyBuf};
+use crate::key::{escape_nonunique, Key};
+use crate::metrics::TableMetrics;
+use crate::object::Object;
+use crate::txn::{ReadTxn, TxnRead, WriteTxn};
+use crate::{Error, Result, Revision};
+
+pub(crate) type Obj<T> = Arc<Object<T>>;
+
+/// A merge function of [`Table::modify`].
+type Merge<'m, T> = &'m mut dyn FnMut(&T, T) -> T;
+
+/// Bounds every object type stored in a table must meet.
+pub trait Storable: Send + Sync + 'static {}
+impl<T: Send + Sync + 'static> Storable for T {}
+
+/// What a table's lock protects: state only writers touch.
+#[derive(Default)]
+pub struct WriterState {
+    /// Change-stream consumers (dropped ones fail to upgrade).
+    pub(crate) trackers: Vec<Weak<Tracker>>,
+    pub(crate) next_init_id: u64,
+}
+
+impl WriterState {
+    /// Whether some consumer is alive (drops the dead ones).
+    pub(crate) fn has_trackers(&mut self) -> bool {
+        self.trackers.retain(|t| t.strong_count() > 0);
+        !self.trackers.is_empty()
+    }
+
+    /// The lowest revision every live consumer has processed, if any.
+    pub(crate) fn low_watermark(&mut self) -> Option<Revision> {
+        self.trackers.retain(|t| t.strong_count() > 0);
+        self.trackers
+            .iter()
+            .filter_map(|t| t.upgrade())
+            .map(|t| t.processed())
+            .min()
+    }
+}
+
+/// The non-generic part of a table.
+#[doc(hidden)]
+pub struct TableMeta {
+    pub(crate) db_uid: u64,
+    pub(crate) id: usize,
+    pub(crate) name: String,
+    pub(crate) lock: Arc<Mutex<WriterState>>,
+    pub(crate) metrics: TableMetrics,
+}
+
+/// A table of any object type: what [`crate::Db::write_txn`] locks.
+pub trait AnyTable {
+    /// The table's name.
+    fn name(&self) -> &str;
+    #[doc(hidden)]
+    fn meta(&self) -> &Arc<TableMeta>;
+}
+
+pub(crate) struct TableInner<T> {
+    pub(crate) meta: Arc<TableMeta>,
+    /// `[0]` is the primary index.
+    pub(crate) indexes: Vec<AnyIndex<T>>,
+}
+
+/// A typed handle to a table of objects `T`. Cheap to clone.
+pub struct Table<T> {
+    pub(crate) inner: Arc<TableInner<T>>,
+}
+
+impl<T> Clone for Table<T> {
+    fn clone(&self) -> Self {
+        Table {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Table<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("name", &self.inner.meta.name)
+            .field("indexes", &self.inner.indexes)
+            .finish()
+    }
+}
+
+impl<T> AnyTable for Table<T> {
+    fn name(&self) -> &str {
+        &self.inner.meta.name
+    }
+    fn meta(&self) -> &Arc<TableMeta> {
+        &self.inner.meta
+    }
+}
+
+/// A table's committed state: one tree per index, the revision index, the
+/// graveyard and the initialization state. Immutable; cloned in O(1).
+#[doc(hidden)]
+pub struct TableRoot<T> {
+    pub(crate) indexes: SmallVec<[Tree<Obj<T>>; 2]>,
+    /// Revision (big-endian) -> live object last written at it.
+    pub(crate) revisions: Tree<Obj<T>>,
+    /// Delete revision (big-endian) -> deleted object.
+    pub(crate) graveyard: Tree<Obj<T>>,
+    pub(crate) revision: Revision,
+    /// Holds the key `b""` while some initializer is pending.
+    pub(crate) init: Tree<()>,
+    pub(crate) pending: Arc<Vec<(u64, String)>>,
+}
+
+impl<T> Clone for TableRoot<T> {
+    fn clone(&self) -> Self {
+        TableRoot {
+            indexes: self.indexes.clone(),
+            revisions: self.revisions.clone(),
+            graveyard: self.graveyard.clone(),
+            revision: self.revision,
+            init: self.init.clone(),
+            pending: self.pending.clone(),
+        }
+    }
+}
+
+fn root_only() -> part::Options {
+    part::Options {
+        root_only_watch: true,
+    }
+}
+
+impl<T> TableRoot<T> {
+    pub(crate) fn new(n_indexes: usize) -> Self {
+        TableRoot {
+            indexes: (0..n_indexes).map(|_| Tree::new()).collect(),
+            revisions: Tree::with_options(root_only()),
+            graveyard: Tree::with_options(root_only()),
+            revision: 0,
+            init: Tree::new(),
+            pending: Arc::new(Vec::new()),
+        }
+    }
+}
+
+/// A read-only view of a tree: committed, or inside a write transaction.
+pub(crate) enum TreeRef<'a, V> {
+    Tree(&'a Tree<V>),
+    Txn(&'a part::Txn<V>),
+}
+
+impl<'a, V: Clone> TreeRef<'a, V> {
+    pub(crate) fn get(&self, k: &[u8]) -> Option<&'a V> {
+        match *self {
+            TreeRef::Tree(t) => t.get(k),
+            TreeRef::Txn(t) => t.get(k),
+        }
+    }
+    pub(crate) fn scan(&self, s: &Scan, rev: bool) -> part::Iter<'a, V> {
+        match *self {
+            TreeRef::Tree(t) => t.scan(s, rev),
+            TreeRef::Txn(t) => t.scan(s, rev),
+        }
+    }
+    pub(crate) fn len(&self) -> usize {
+        match *self {
+            TreeRef::Tree(t) => t.len(),
+            TreeRef::Txn(t) => t.len(),
+        }
+    }
+}
+
+/// A table as one transaction sees it.
+#[doc(hidden)]
+pub enum View<'a, T> {
+    /// Committed state.
+    Root(&'a TableRoot<T>),
+    /// The write transaction's own state.
+    Txn(&'a TableTxn<T>),
+}
+
+impl<'a, T> View<'a, T> {
+    pub(crate) fn index(&self, i: usize) -> TreeRef<'a, Obj<T>> {
+        match *self {
+            View::Root(r) => TreeRef::Tree(&r.indexes[i]),
+            View::Txn(t) => TreeRef::Txn(&t.indexes[i]),
+        }
+    }
+    pub(crate) fn revisions(&self) -> TreeRef<'a, Obj<T>> {
+        match *self {
+            View::Root(r) => TreeRef::Tree(&r.revisions),
+            View::Txn(t) => TreeRef::Txn(&t.revisions),
+        }
+    }
+    pub(crate) fn graveyard(&self) -> TreeRef<'a, Obj<T>> {
+        match *self {
+            View::Root(r) => TreeRef::Tree(&r.graveyard),
+            View::Txn(t) => TreeRef::Txn(&t.graveyard),
+        }
+    }
+    pub(crate) fn revision(&self) -> Revision {
+        match *self {
+            View::Root(r) => r.revision,
+            View::Txn(t) => t.revision,
+        }
+    }
+    pub(crate) fn pending(&self) -> &'a [(u64, String)] {
+        match *self {
+            View::Root(r) => &r.pending,
+            View::Txn(t) => &t.pending,
+        }
+    }
+}
+
+/// A write transaction's state for one table, created on its first write.
+#[doc(hidden)]
+pub struct TableTxn<T> {
+    pub(crate) indexes: SmallVec<[part::Txn<Obj<T>>; 2]>,
+    pub(crate) revisions: part::Txn<Obj<T>>,
+    pub(crate) graveyard: part::Txn<Obj<T>>,
+    pub(crate) revision: Revision,
+    pub(crate) init: part::Txn<()>,
+    pub(crate) pending: Arc<Vec<(u64, String)>>,
+    /// Some consumer follows the table: deleted objects go to the graveyard.
+    pub(crate) track_deletes: bool,
+    new_keys: Vec<KeyBuf>,
+    old_keys: KeyBuf,
+    scratch: Vec<u8>,
+}
+
+/// What a committed table write hands back to the database.
+pub(crate) struct Finished {
+    pub(crate) root: Arc<dyn Any + Send + Sync>,
+    pub(crate) notify: Box<dyn Send>,
+    pub(crate) objects: usize,
+    pub(crate) revision: Revision,
+    pub(crate) graveyard: usize,
+}
+
+/// The type-erased write state stored in a write transaction.
+pub(crate) trait TableTxnDyn: Send {
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+    fn finish(self: Box<Self>) -> Finished;
+}
+
+impl<T: Storable> TableTxnDyn for TableTxn<T> {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+    fn finish(self: Box<Self>) -> Finished {
+        let me = *self;
+        let mut notify: Vec<Box<dyn Send>> = Vec::with_capacity(me.indexes.len() + 3);
+        let mut indexes = SmallVec::with_capacity(me.indexes.len());
+        for t in me.indexes {
+            let (tree, n) = t.commit_only();
+            indexes.push(tree);
+            notify.push(Box::new(n));
+        }
+        let (revisions, n) = me.revisions.commit_only();
+        notify.push(Box::new(n));
+        let (graveyard, n) = me.graveyard.commit_only();
+        notify.push(Box::new(n));
+        let (init, n) = me.init.commit_only();
+        notify.push(Box::new(n));
+        let root = TableRoot {
+            indexes,
+            revisions,
+            graveyard,
+            revision: me.revision,
+            init,
+            pending: me.pending,
+        };
+        Finished {
+            objects: root.indexes[0].len(),
+            revision: root.revision,
+            graveyard: root.graveyard.len(),
+            root: Arc::new(root),
+            notify: Box::new(notify),
+        }
+    }
+}
+
+fn check_len(index: &AnyIndex<impl Sized>, len: usize) -> Result<()> {
+    if len > part::MAX_KEY_LEN {
+        Err(Error::KeyTooLong {
+            index: index.name().to_string(),
+            len,
+            max: part::MAX_KEY_LEN,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// The stored key of `k` in index `idx`: the key (unique) or
+/// `escape(k) ++ pk` (non-unique).
+fn stored<'b>(unique: bool, k: &'b [u8], pk: &[u8], scratch: &'b mut Vec<u8>) -> &'b [u8] {
+    if unique {
+        k
+    } else {
+        scratch.clear();
+        escape_nonunique(k, scratch);
+        scratch.extend_from_slice(pk);
+        scratch
+    }
+}
+
+impl<T: Storable> TableTxn<T> {
+    pub(crate) fn new(root: &TableRoot<T>, track_deletes: bool) -> Self {
+        TableTxn {
+            indexes: root.indexes.iter().map(|t| t.txn()).collect(),
+            revisions: root.revisions.txn(),
+            graveyard: root.graveyard.txn(),
+            revision: root.revision,
+            init: root.init.txn(),
+            pending: root.pending.clone(),
+            track_deletes,
+            new_keys: vec![KeyBuf::default(); root.indexes.len()],
+            old_keys: KeyBuf::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Inserts or replaces `value`; `merge` combines an existing object with
+    /// it; `cas` requires the existing object's revision.
+    pub(crate) fn upsert(
+        &mut self,
+        t: &TableInner<T>,
+        mut value: T,
+        merge: Option<Merge<'_, T>>,
+        cas: Option<Revision>,
+    ) -> Result<Option<Obj<T>>> {
+        let idx = &t.indexes;
+        idx[0].keys_of(&value, &mut self.new_keys[0]);
+        check_len(&idx[0], self.new_keys[0].get(0).len())?;
+        let old = self.indexes[0].get(self.new_keys[0].get(0)).cloned();
+        if let Some(expected) = cas {
+            match &old {
+                None => return Err(Error::ObjectNotFound),
+                Some(o) if o.revision() != expected => {
+                    return Err(Error::RevisionMismatch {
+                        expected,
+                        found: o.revision(),
+                    })
+                }
+                Some(_) => {}
+            }
+        }
+        if let (Some(f), Some(o)) = (merge, &old) {
+            value = f(o.value(), value);
+            let mut k = KeyBuf::default();
+            idx[0].keys_of(&value, &mut k);
+            if k.get(0) != self.new_keys[0].get(0) {
+                return Err(Error::MergeChangedKey);
+            }
+        }
+        let pk_len = self.new_keys[0].get(0).len();
+        for (i, ix) in idx.iter().enumerate().skip(1) {
+            ix.keys_of(&value, &mut self.new_keys[i]);
+            for k in self.new_keys[i].iter() {
+                let len = if ix.is_unique() {
+                    k.len()
+                } else {
+                    k.len() + k.iter().filter(|&&b| b == 0).count() + 2 + pk_len
+                };
+                check_len(ix, len)?;
+                if ix.is_unique() {
+                    if let Some(e) = self.indexes[i].get(k) {
+                        if old.as_ref().is_none_or(|o| !Arc::ptr_eq(e, o)) {
+                            return Err(Error::UniqueConflict {
+                                table: t.meta.name.clone(),
+                                index: ix.name().to_string(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        // Nothing below fails: the keys are checked.
+        self.revision += 1;
+        let rev = self.revision;
+        let created = old.as_ref().map_or(rev, |o| o.created_revision());
+        let obj = Arc::new(Object::new(value, rev, created));
+        let pk = self.new_keys[0].get(0);
+        self.indexes[0].insert(pk, obj.clone())?;
+        if let Some(o) = &old {
+            self.revisions.delete(&o.revision().to_be_bytes());
+        }
+        self.revisions.insert(&rev.to_be_bytes(), obj.clone())?;
+        for (i, ix) in idx.iter().enumerate().skip(1) {
+            let unique = ix.is_unique();
+            if let Some(o) = &old {
+                ix.keys_of(o.value(), &mut self.old_keys);
+                for k in self.old_keys.iter() {
+                    if !self.new_keys[i].contains(k) {
+                        let s = stored(unique, k, pk, &mut self.scratch);
+                        self.indexes[i].delete(s);
+                    }
+                }
+            }
+            for k in self.new_keys[i].iter() {
+                let s = stored(unique, k, pk, &mut self.scratch);
+                self.indexes[i].insert(s, obj.clone())?;
+            }
+        }
+        Ok(old)
+    }
+
+    /// Deletes the object with primary key `pk`.
+    pub(crate) fn delete_pk(
+        &mut self,
+        t: &TableInner<T>,
+        pk: &[u8],
+        cas: Option<Revision>,
+    ) -> Result<Option<Obj<T>>> {
+        let Some(old) = self.indexes[0].get(pk).cloned() else {
+            return match cas {
+                Some(_) => Err(Error::ObjectNotFound),
+                None => Ok(None),
+            };
+        };
+        if let Some(expected) = cas {
+            if old.revision() != expected {
+                return Err(Error::RevisionMismatch {
+                    expected,
+                    found: old.revision(),
+                });
+            }
+        }
+        self.indexes[0].delete(pk);
+        self.revisions.delete(&old.revision().to_be_bytes());
+        for (i, ix) in t.indexes.iter().enumerate().skip(1) {
+            ix.keys_of(old.value(), &mut self.old_keys);
+            for k in self.old_keys.iter() {
+                let s = stored(ix.is_unique(), k, pk, &mut self.scratch);
+                self.indexes[i].delete(s);
+            }
+        }
+        self.revision += 1;
+        if self.track_deletes {
+            self.graveyard
+                .insert(&self.revision.to_be_bytes(), old.clone())?;
+        }
+        Ok(Some(old))
+    }
+
+    /// Deletes every object; returns how many.
+    pub(crate) fn delete_all(&mut self) -> Result<usize> {
+        let n = self.indexes[0].len();
+        if n == 0 {
+            return Ok(0);
+        }
+        if self.track_deletes {
+            let all: Vec<Obj<T>> = self.indexes[0].iter().map(|(_, v)| v.clone()).collect();
+            for o in all {
+                self.revision += 1;
+                self.graveyard.insert(&self.revision.to_be_bytes(), o)?;
+            }
+        } else {
+            self.revision += n as u64;
+        }
+        for t in self.indexes.iter_mut() {
+            t.clear();
+        }
+        self.revisions.clear();
+        Ok(n)
+    }
+}
+
+/// Objects yielded by a query, borrowed from the transaction.
+pub struct Objects<'a, T> {
+    it: part::Iter<'a, Obj<T>>,
+}
+
+impl<'a, T> Iterator for Objects<'a, T> {
+    type Item = &'a Arc<Object<T>>;
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        self.it.next().map(|(_, v)| v)
+    }
+}
+
+impl<T> std::fmt::Debug for Objects<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Objects").finish_non_exhaustive()
+    }
+}
+
+fn exact(k: Vec<u8>) -> Scan {
+    Scan::Range(Bound::Included(k.clone()), Bound::Included(k))
+}
+
+impl<T: Storable> Table<T> {
+    /// The table's name.
+    pub fn name(&self) -> &str {
+        &self.inner.meta.name
+    }
+
+    /// The table's indexes, the primary first.
+    pub fn indexes(&self) -> &[AnyIndex<T>] {
+        &self.inner.indexes
+    }
+
+    /// The position of `idx` in this table, or an error if it belongs
+    /// elsewhere.
+    fn pos<K>(&self, idx: &Index<T, K>) -> Result<usize> {
+        match idx.any().inner.slot.get() {
+            Some(&(uid, pos)) if uid == self.uid() => Ok(pos),
+            _ => Err(Error::IndexNotInTable {
+                index: idx.name().to_string(),
+                table: self.name().to_string(),
+            }),
+        }
+    }
+
+    fn uid(&self) -> u64 {
+        Arc::as_ptr(&self.inner.meta) as u64
+    }
+
+    // ---- writes -------------------------------------------------------
+
+    /// Inserts `obj`, replacing the object with the same primary key;
+    /// returns the replaced object.
+    pub fn insert(&self, txn: &mut WriteTxn, obj: T) -> Result<Option<Obj<T>>> {
+        txn.with_table(self, |s| s.upsert(&self.inner, obj, None, None))
+    }
+
+    /// Inserts `obj`, or, if an object with its primary key exists, stores
+    /// `merge(&existing, obj)` instead (it must keep the primary key).
+    pub fn modify(
+        &self,
+        txn: &mut WriteTxn,
+        obj: T,
+        mut merge: impl FnMut(&T, T) -> T,
+    ) -> Result<Option<Obj<T>>> {
+        txn.with_table(self, |s| s.upsert(&self.inner, obj, Some(&mut merge), None))
+    }
+
+    /// Replaces the object with `obj`'s primary key only if its revision is
+    /// `revision`.
+    pub fn compare_and_swap(
+        &self,
+        txn: &mut WriteTxn,
+        revision: Revision,
+        obj: T,
+    ) -> Result<Obj<T>> {
+        txn.with_table(self, |s| {
+            s.upsert(&self.inner, obj, None, Some(revision))
+                .and_then(|o| o.ok_or(Error::ObjectNotFound))
+        })
+    }
+
+    /// Deletes the object with `obj`'s primary key; returns it.
+    pub fn delete(&self, txn: &mut WriteTxn, obj: &T) -> Result<Option<Obj<T>>> {
+        let mut pk = KeyBuf::default();
+        self.inner.indexes[0].keys_of(obj, &mut pk);
+        txn.with_table(self, |s| s.delete_pk(&self.inner, pk.get(0), None))
+    }
+
+    /// Deletes the object with primary key `key`; returns it.
+    pub fn delete_key<Q: Key + ?Sized>(
+        &self,
+        txn: &mut WriteTxn,
+        key: &Q,
+    ) -> Result<Option<Obj<T>>> {
+        let pk = key.to_key();
+        txn.with_table(self, |s| s.delete_pk(&self.inner, &pk, None))
+    }
+
+    /// Deletes the object with `obj`'s primary key only if its revision is
+    /// `revision`.
+    pub fn compare_and_delete(
+        &self,
+        txn: &mut WriteTxn,
+        revision: Revision,
+        obj: &T,
+    ) -> Result<Obj<T>> {
+        let mut pk = KeyBuf::default();
+        self.inner.indexes[0].keys_of(obj, &mut pk);
+        txn.with_table(self, |s| {
+            s.delete_pk(&self.inner, pk.get(0), Some(revision))
+                .and_then(|o| o.ok_or(Error::ObjectNotFound))
+        })
+    }
+
+    /// Deletes every object; returns how many.
+    pub fn delete_all(&self, txn: &mut WriteTxn) -> Result<usize> {
+        txn.with_table(self, |s| s.delete_all())
+    }
+
+    // ---- reads --------------------------------------------------------
+
+    /// Number of objects.
+    pub fn len(&self, txn: &impl TxnRead) -> Result<usize> {
+        Ok(txn.view(self)?.index(0).len())
+    }
+
+    /// Whether the table is empty.
+    pub fn is_empty(&self, txn: &impl TxnRead) -> Result<bool> {
+        Ok(self.len(txn)? == 0)
+    }
+
+    /// The table's revision: that of its last write.
+    pub fn revision(&self, txn: &impl TxnRead) -> Result<Revision> {
+        Ok(txn.view(self)?.revision())
+    }
+
+    /// The object under `key` (the first one, by primary key, on a
+    /// non-unique index).
+    pub fn get<'a, K, Q>(
+        &self,
+        txn: &'a impl TxnRead,
+        idx: &Index<T, K>,
+        key: &Q,
+    ) -> Result<Option<&'a Obj<T>>>
+    where
+        K: Borrow<Q>,
+        Q: Key + ?Sized,
+    {
+        let pos = self.pos(idx)?;
+        let tree = txn.view(self)?.index(pos);
+        let k = idx.point(key);
+        Ok(if idx.is_unique() {
+            tree.get(&k)
+        } else {
+            tree.scan(&Scan::Prefix(k), false).next().map(|(_, v)| v)
+        })
+    }
+
+    /// [`Table::get`] and a watch that fires when its result may change.
+    pub fn get_watch<'a, K, Q>(
+        &self,
+        txn: &'a ReadTxn,
+        idx: &Index<T, K>,
+        key: &Q,
+    ) -> Result<(Option<&'a Obj<T>>, Watch)>
+    where
+        K: Borrow<Q>,
+        Q: Key + ?Sized,
+    {
+        let pos = self.pos(idx)?;
+        let tree = &txn.root(self)?.indexes[pos];
+        let k = idx.point(key);
+        Ok(if idx.is_unique() {
+            tree.get_watch(&k)
+        } else {
+            let (mut it, w) = tree.prefix_watch(&k);
+            (it.next().map(|(_, v)| v), w)
+        })
+    }
+
+    /// Every object under `key`, by primary key (at most one on a unique
+    /// index).
+    pub fn list<'a, K, Q>(
+        &self,
+        txn: &'a impl TxnRead,
+        idx: &Index<T, K>,
+        key: &Q,
+    ) -> Result<Objects<'a, T>>
+    where
+        K: Borrow<Q>,
+        Q: Key + ?Sized,
+    {
+        let pos = self.pos(idx)?;
+        let tree = txn.view(self)?.index(pos);
+        let k = idx.point(key);
+        let scan = if idx.is_unique() {
+            exact(k)
+        } else {
+            Scan::Prefix(k)
+        };
+        Ok(Objects {
+            it: tree.scan(&scan, false),
+        })
+    }
+
+    /// [`Table::list`] and a watch that fires when its result may change.
+    pub fn list_watch<'a, K, Q>(
+        &self,
+        txn: &'a ReadTxn,
+        idx: &Index<T, K>,
+        key: &Q,
+    ) -> Result<(Objects<'a, T>, Watch)>
+    where
+        K: Borrow<Q>,
+        Q: Key + ?Sized,
+    {
+        let pos = self.pos(idx)?;
+        let tree = &txn.root(self)?.indexes[pos];
+        let k = idx.point(key);
+        if idx.is_unique() {
+            let (_, w) = tree.get_watch(&k);
+            Ok((
+                Objects {
+                    it: tree.scan(&exact(k), false),
+                },
+                w,
+            ))
+        } else {
+            let (it, w) = tree.prefix_watch(&k);
+            Ok((Objects { it }, w))
+        }
+    }
+
+    /// Objects whose key in `idx` starts with `prefix`, in key order. On a
+    /// multi-key index an object appears once per matching key.
+    pub fn prefix<'a, K, Q>(
+        &self,
+        txn: &'a impl TxnRead,
+        idx: &Index<T, K>,
+        prefix: &Q,
+    ) -> Result<Objects<'a, T>>
+    where
+        K: Borrow<Q>,
+        Q: Key + ?Sized,
+    {
+        let pos = self.pos(idx)?;
+        let tree = txn.view(self)?.index(pos);
+        Ok(Objects {
+            it: tree.scan(&Scan::Prefix(idx.prefix(prefix)), false),
+        })
+    }
+
+    /// [`Table::prefix`] and a watch that fires when its result may change.
+    pub fn prefix_watch<'a, K, Q>(
+        &self,
+        txn: &'a ReadTxn,
+        idx: &Index<T, K>,
+        prefix: &Q,
+    ) -> Result<(Objects<'a, T>, Watch)>
+    where
+        K: Borrow<Q>,
+        Q: Key + ?Sized,
+    {
+        let pos = self.pos(idx)?;
+        let tree = &txn.root(self)?.indexes[pos];
+        let (it, w) = tree.prefix_watch(&idx.prefix(prefix));
+        Ok((Objects { it }, w))
+    }
+
+    /// Objects whose key in `idx` is `>= key`, in key order.
+    pub fn lower_bound<'a, K, Q>(
+        &self,
+        txn: &'a impl TxnRead,
+        idx: &Index<T, K>,
+        key: &Q,
+    ) -> Result<Objects<'a, T>>
+    where
+        K: Borrow<Q>,
+        Q: Key + ?Sized,
+    {
+        let pos = self.pos(idx)?;
+        let tree = txn.view(self)?.index(pos);
+        Ok(Objects {
+            it: tree.scan(&Scan::LowerBound(idx.prefix(key)), false),
+        })
+    }
+
+    /// [`Table::lower_bound`] and a watch that fires on any change to the
+    /// index.
+    pub fn lower_bound_watch<'a, K, Q>(
+        &self,
+        txn: &'a ReadTxn,
+        idx: &Index<T, K>,
+        key: &Q,
+    ) -> Result<(Objects<'a, T>, Watch)>
+    where
+        K: Borrow<Q>,
+        Q: Key + ?Sized,
+    {
+        let pos = self.pos(idx)?;
+        let tree = &txn.root(self)?.indexes[pos];
+        Ok((
+            Objects {
+                it: tree.scan(&Scan::LowerBound(idx.prefix(key)), false),
+            },
+            tree.root_watch(),
+        ))
+    }
+
+    /// Every object, in primary-key order.
+    pub fn all<'a>(&self, txn: &'a impl TxnRead) -> Result<Objects<'a, T>> {
+        Ok(Objects {
+            it: txn.view(self)?.index(0).scan(&Scan::All, false),
+        })
+    }
+
+    /// [`Table::all`] and a watch that fires on any change to the table.
+    pub fn all_watch<'a>(&self, txn: &'a ReadTxn) -> Result<(Objects<'a, T>, Watch)> {
+        let tree = &txn.root(self)?.indexes[0];
+        Ok((
+            Objects {
+                it: tree.scan(&Scan::All, false),
+            },
+            tree.root_watch(),
+        ))
+    }
+
+    /// Objects last written at revision `>= from`, in revision order.
+    pub fn list_revision<'a>(
+        &self,
+        txn: &'a impl TxnRead,
+        from: Revision,
+    ) -> Result<Objects<'a, T>> {
+        Ok(Objects {
+            it: txn
+                .view(self)?
+                .revisions()
+                .scan(&Scan::LowerBound(from.to_be_bytes().to_vec()), false),
+        })
+    }
+
+    /// [`Table::list_revision`] and a watch that fires on the table's next
+    /// write.
+    pub fn list_revision_watch<'a>(
+        &self,
+        txn: &'a ReadTxn,
+        from: Revision,
+    ) -> Result<(Objects<'a, T>, Watch)> {
+        let root = txn.root(self)?;
+        Ok((
+            Objects {
+                it: root
+                    .revisions
+                    .scan(&Scan::LowerBound(from.to_be_bytes().to_vec()), false),
+            },
+            root.revisions.root_watch(),
+        ))
+    }
+
+    /// Number of deleted objects kept for change-stream consumers.
+    pub fn graveyard_len(&self, txn: &impl TxnRead) -> Result<usize> {
+        Ok(txn.view(self)?.graveyard().len())
+    }
+
+    /// Writes the table as JSON: `{"table", "revision", "objects": [{"revision",
+    /// "object"}]}` in primary-key order.
+    pub fn write_json(&self, txn: &impl TxnRead, w: impl std::io::Write) -> Result<()>
+    where
+        T: serde::Serialize,
+    {
+        #[derive(serde::Serialize)]
+        struct Row<'a, T> {
+            revision: Revision,
+            object: &'a T,
+        }
+        #[derive(serde::Serialize)]
+        struct Dump<'a, T> {
+            table: &'a str,
+            revision: Revision,
+            objects: Vec<Row<'a, T>>,
+        }
+        let view = txn.view(self)?;
+        let dump = Dump {
+            table: self.name(),
+            revision: view.revision(),
+            objects: view
+                .index(0)
+                .scan(&Scan::All, false)
+                .map(|(_, o)| Row {
+                    revision: o.revision(),
+                    object: o.value(),
+                })
+                .collect(),
+        };
+        serde_json::to_writer(w, &dump).map_err(|e| Error::Json(e.to_string()))
+    }
+
+    /// The table as a JSON string; see [`Table::write_json`].
+    pub fn to_json(&self, txn: &impl TxnRead) -> Result<String>
+    where
+        T: serde::Serialize,
+    {
+        let mut out = Vec::new();
+        self.write_json(txn, &mut out)?;
+        String::from_utf8(out).map_err(|e| Error::Json(e.to_string()))
+    }
+}

@@ -1,0 +1,251 @@
+//! Read and write transactions.
+//!
+//! A [`ReadTxn`] is one load of the database root: an immutable vector of
+//! table roots. A [`WriteTxn`] holds the locks of the tables it may write,
+//! taken in table-id order; the per-table write state is created on the
+//! table's first write only.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{ArcMutexGuard, RawMutex};
+use smallvec::SmallVec;
+
+use crate::db::{DbInner, Roots};
+use crate::table::{
+    Storable, Table, TableMeta, TableRoot, TableTxn, TableTxnDyn, View, WriterState,
+};
+use crate::{Error, Result};
+
+/// Something tables can be read through: a [`ReadTxn`] or a [`WriteTxn`]
+/// (which sees its own writes).
+pub trait TxnRead {
+    #[doc(hidden)]
+    fn view<'a, T: Storable>(&'a self, table: &Table<T>) -> Result<View<'a, T>>;
+}
+
+/// A consistent snapshot of every table. Taking one is O(1) and lock-free;
+/// it never blocks a writer nor is blocked by one. `Send + Sync`, cheap to
+/// clone.
+#[derive(Clone)]
+pub struct ReadTxn {
+    pub(crate) db_uid: u64,
+    pub(crate) roots: Arc<Roots>,
+}
+
+impl std::fmt::Debug for ReadTxn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadTxn")
+            .field("tables", &self.roots.len())
+            .finish()
+    }
+}
+
+pub(crate) fn root_of<'a, T: Storable>(
+    db_uid: u64,
+    roots: &'a Roots,
+    meta: &TableMeta,
+) -> Result<&'a TableRoot<T>> {
+    if meta.db_uid != db_uid {
+        return Err(Error::ForeignTable(meta.name.clone()));
+    }
+    roots
+        .get(meta.id)
+        .and_then(|r| r.downcast_ref::<TableRoot<T>>())
+        .ok_or_else(|| Error::TableNotInSnapshot(meta.name.clone()))
+}
+
+impl ReadTxn {
+    pub(crate) fn root<T: Storable>(&self, table: &Table<T>) -> Result<&TableRoot<T>> {
+        root_of(self.db_uid, &self.roots, &table.inner.meta)
+    }
+}
+
+impl TxnRead for ReadTxn {
+    #[inline]
+    fn view<'a, T: Storable>(&'a self, table: &Table<T>) -> Result<View<'a, T>> {
+        self.root(table).map(View::Root)
+    }
+}
+
+/// One table locked by a write transaction.
+pub(crate) struct Locked {
+    pub(crate) meta: Arc<TableMeta>,
+    pub(crate) guard: ArcMutexGuard<RawMutex, WriterState>,
+    pub(crate) acquired: Instant,
+    /// Created on the table's first write.
+    pub(crate) state: Option<Box<dyn TableTxnDyn>>,
+}
+
+/// A write transaction over the tables it locked.
+///
+/// Writes are visible to the transaction itself at once and to everyone else
+/// after [`WriteTxn::commit`], atomically across its tables. Dropping it
+/// uncommitted (a panic included) aborts: nothing changes.
+pub struct WriteTxn {
+    pub(crate) db: Arc<DbInner>,
+    pub(crate) base: Arc<Roots>,
+    /// Sorted by table id, no repetitions.
+    pub(crate) locked: SmallVec<[Locked; 4]>,
+    pub(crate) done: bool,
+    /// A write was interrupted by a panic: only abort is allowed.
+    pub(crate) poisoned: bool,
+}
+
+impl std::fmt::Debug for WriteTxn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteTxn")
+            .field(
+                "tables",
+                &self
+                    .locked
+                    .iter()
+                    .map(|l| l.meta.name.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl WriteTxn {
+    fn find(&self, meta: &TableMeta) -> Option<usize> {
+        self.locked
+            .binary_search_by_key(&meta.id, |l| l.meta.id)
+            .ok()
+            .filter(|&i| std::ptr::eq(&*self.locked[i].meta, meta))
+    }
+
+    /// Runs `f` on the table's write state, creating it on first use.
+    pub(crate) fn with_table<T: Storable, R>(
+        &mut self,
+        table: &Table<T>,
+        f: impl FnOnce(&mut TableTxn<T>) -> Result<R>,
+    ) -> Result<R> {
+        let i = self.locked_index(&table.inner.meta)?;
+        self.ensure_state::<T>(i)?;
+        // A panic inside `f` leaves `poisoned` set (the txn is dropped while
+        // unwinding, or refuses to commit if the panic was caught).
+        self.poisoned = true;
+        let r = f(state_cast(&mut self.locked, i)?);
+        self.poisoned = false;
+        r
+    }
+
+    /// Index of the table's entry in `locked`, after checking the
+    /// transaction may write it.
+    fn locked_index(&self, meta: &TableMeta) -> Result<usize> {
+        if self.done {
+            return Err(Error::TxnDone);
+        }
+        if self.poisoned {
+            return Err(Error::Poisoned);
+        }
+        if meta.db_uid != self.db.uid {
+            return Err(Error::ForeignTable(meta.name.clone()));
+        }
+        self.find(meta)
+            .ok_or_else(|| Error::TableNotLocked(meta.name.clone()))
+    }
+
+    /// Creates the write state of `locked[i]` if this is its first write.
+    fn ensure_state<T: Storable>(&mut self, i: usize) -> Result<()> {
+        if self.locked[i].state.is_none() {
+            let root = root_of::<T>(self.db.uid, &self.base, &self.locked[i].meta)?;
+            let track = self.locked[i].guard.has_trackers();
+            self.locked[i].state = Some(Box::new(TableTxn::new(root, track)));
+        }
+        Ok(())
+    }
+
+    /// The table's write state (created if `create`, else only if it
+    /// exists) and its writer-only state.
+    pub(crate) fn writer_parts<T: Storable>(
+        &mut self,
+        table: &Table<T>,
+        create: bool,
+    ) -> Result<(Option<&mut TableTxn<T>>, &mut WriterState)> {
+        let i = self.locked_index(&table.inner.meta)?;
+        if create {
+            self.ensure_state::<T>(i)?;
+        }
+        let l = &mut self.locked[i];
+        let st = l
+            .state
+            .as_mut()
+            .and_then(|s| s.as_any_mut().downcast_mut::<TableTxn<T>>());
+        Ok((st, &mut l.guard))
+    }
+
+    /// Commits every written table atomically and returns a snapshot that
+    /// includes the commit. Watches fire after the new state is published.
+    pub fn commit(&mut self) -> Result<ReadTxn> {
+        if self.done {
+            return Err(Error::TxnDone);
+        }
+        if self.poisoned {
+            return Err(Error::Poisoned);
+        }
+        self.done = true;
+        let roots = DbInner::commit(&self.db, &mut self.locked);
+        Ok(ReadTxn {
+            db_uid: self.db.uid,
+            roots,
+        })
+    }
+
+    /// Drops every write and releases the locks. Also what dropping does.
+    pub fn abort(&mut self) -> Result<()> {
+        if self.done {
+            return Err(Error::TxnDone);
+        }
+        self.done = true;
+        self.release();
+        Ok(())
+    }
+
+    /// Whether the transaction was committed or aborted.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    fn release(&mut self) {
+        let now = Instant::now();
+        for l in self.locked.drain(..) {
+            l.meta.metrics.lock_held(now - l.acquired);
+            drop(l);
+        }
+    }
+}
+
+fn state_cast<T: Storable>(locked: &mut [Locked], i: usize) -> Result<&mut TableTxn<T>> {
+    let name = &locked[i].meta.name;
+    let err = Error::TableNotLocked(name.clone());
+    locked[i]
+        .state
+        .as_mut()
+        .and_then(|s| s.as_any_mut().downcast_mut::<TableTxn<T>>())
+        .ok_or(err)
+}
+
+impl Drop for WriteTxn {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl TxnRead for WriteTxn {
+    fn view<'a, T: Storable>(&'a self, table: &Table<T>) -> Result<View<'a, T>> {
+        let meta = &table.inner.meta;
+        if let Some(i) = self.find(meta) {
+            if let Some(s) = &self.locked[i].state {
+                let any: &dyn Any = s.as_any();
+                if let Some(t) = any.downcast_ref::<TableTxn<T>>() {
+                    return Ok(View::Txn(t));
+                }
+            }
+        }
+        root_of(self.db.uid, &self.base, meta).map(View::Root)
+    }
+}
