@@ -1,1 +1,2 @@
+//! KV95 benchmark (placeholder).
 fn main() {}

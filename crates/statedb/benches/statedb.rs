@@ -1,1 +1,2 @@
+//! statedb benchmarks (placeholder).
 fn main() {}

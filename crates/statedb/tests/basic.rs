@@ -1,0 +1,459 @@
+//! Queries, writes, revisions, initialization, JSON and stats.
+
+mod common;
+
+use common::*;
+use statedb::{Change, ChangeKind, Db, DbOptions, Index};
+
+fn ids<'a, T: 'a + std::ops::Deref<Target = statedb::Object<Obj>>>(
+    it: impl Iterator<Item = &'a T>,
+) -> Vec<u32> {
+    it.map(|o| o.id).collect()
+}
+
+#[test]
+fn insert_and_query_every_index() {
+    let f = fixture();
+    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+    f.table
+        .insert(&mut w, obj(1, "a", &["x", "y"], -1))
+        .unwrap();
+    f.table.insert(&mut w, obj(2, "b", &["y"], 0)).unwrap();
+    f.table.insert(&mut w, obj(3, "ab", &[], -1)).unwrap();
+    // The txn sees its own writes.
+    assert_eq!(f.table.len(&w).unwrap(), 3);
+    assert_eq!(f.table.get(&w, &f.by_id, &2).unwrap().unwrap().name, "b");
+    // Readers do not.
+    assert_eq!(f.table.len(&f.db.read_txn()).unwrap(), 0);
+    let r = w.commit().unwrap();
+
+    let t = &f.table;
+    assert_eq!(t.get(&r, &f.by_name, "ab").unwrap().unwrap().id, 3);
+    assert!(t.get(&r, &f.by_name, "zz").unwrap().is_none());
+    assert_eq!(ids(t.list(&r, &f.by_tag, "y").unwrap()), vec![1, 2]);
+    assert_eq!(ids(t.list(&r, &f.by_group, &-1).unwrap()), vec![1, 3]);
+    assert_eq!(t.get(&r, &f.by_group, &-1).unwrap().unwrap().id, 1);
+    assert_eq!(ids(t.prefix(&r, &f.by_name, "a").unwrap()), vec![1, 3]);
+    assert_eq!(ids(t.lower_bound(&r, &f.by_group, &0).unwrap()), vec![2]);
+    assert_eq!(
+        ids(t.lower_bound(&r, &f.by_group, &i16::MIN).unwrap()),
+        vec![1, 3, 2]
+    );
+    assert_eq!(ids(t.all(&r).unwrap()), vec![1, 2, 3]);
+    assert_eq!(ids(t.list(&r, &f.by_id, &2).unwrap()), vec![2]);
+    assert_eq!(t.revision(&r).unwrap(), 3);
+}
+
+#[test]
+fn update_moves_secondary_keys_and_revisions() {
+    let f = fixture();
+    let t = &f.table;
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.insert(&mut w, obj(1, "a", &["x"], 1)).unwrap();
+    t.insert(&mut w, obj(2, "b", &[], 1)).unwrap();
+    w.commit().unwrap();
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    let old = t.insert(&mut w, obj(1, "c", &["z"], 2)).unwrap().unwrap();
+    assert_eq!(old.revision(), 1);
+    let r = w.commit().unwrap();
+    assert!(t.get(&r, &f.by_name, "a").unwrap().is_none());
+    assert_eq!(t.list(&r, &f.by_tag, "x").unwrap().count(), 0);
+    assert_eq!(ids(t.list(&r, &f.by_tag, "z").unwrap()), vec![1]);
+    assert_eq!(ids(t.list(&r, &f.by_group, &1).unwrap()), vec![2]);
+    let o = t.get(&r, &f.by_id, &1).unwrap().unwrap();
+    assert_eq!((o.revision(), o.created_revision()), (3, 1));
+    // Revision order: 2 (rev 2), 1 (rev 3).
+    assert_eq!(ids(t.list_revision(&r, 0).unwrap()), vec![2, 1]);
+    assert_eq!(ids(t.list_revision(&r, 3).unwrap()), vec![1]);
+    assert_eq!(t.list_revision(&r, 4).unwrap().count(), 0);
+}
+
+#[test]
+fn modify_merges() {
+    let f = fixture();
+    let t = &f.table;
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.modify(&mut w, obj(1, "a", &["x"], 1), |_, n| n).unwrap();
+    t.modify(&mut w, obj(1, "a", &["y"], 1), |old, mut n| {
+        n.tags.extend(old.tags.iter().cloned());
+        n
+    })
+    .unwrap();
+    let r = w.commit().unwrap();
+    let o = t.get(&r, &f.by_id, &1).unwrap().unwrap();
+    assert_eq!(o.tags, vec!["y".to_string(), "x".to_string()]);
+    assert_eq!(ids(t.list(&r, &f.by_tag, "x").unwrap()), vec![1]);
+}
+
+#[test]
+fn compare_and_swap_and_delete() {
+    let f = fixture();
+    let t = &f.table;
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+    assert_eq!(
+        t.compare_and_swap(&mut w, 7, obj(1, "b", &[], 0))
+            .unwrap_err(),
+        statedb::Error::RevisionMismatch {
+            expected: 7,
+            found: 1
+        }
+    );
+    assert_eq!(
+        t.compare_and_swap(&mut w, 1, obj(9, "b", &[], 0))
+            .unwrap_err(),
+        statedb::Error::ObjectNotFound
+    );
+    let old = t.compare_and_swap(&mut w, 1, obj(1, "b", &[], 0)).unwrap();
+    assert_eq!(old.name, "a");
+    assert!(t
+        .compare_and_delete(&mut w, 1, &obj(1, "", &[], 0))
+        .is_err());
+    assert_eq!(
+        t.compare_and_delete(&mut w, 1, &obj(5, "", &[], 0))
+            .unwrap_err(),
+        statedb::Error::ObjectNotFound
+    );
+    let gone = t
+        .compare_and_delete(&mut w, 2, &obj(1, "", &[], 0))
+        .unwrap();
+    assert_eq!(gone.name, "b");
+    assert_eq!(t.len(&w).unwrap(), 0);
+    let r = w.commit().unwrap();
+    assert!(t.get(&r, &f.by_name, "b").unwrap().is_none());
+    assert_eq!(t.revision(&r).unwrap(), 3);
+}
+
+#[test]
+fn delete_and_delete_all() {
+    let f = fixture();
+    let t = &f.table;
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    for i in 0..10 {
+        t.insert(&mut w, obj(i, &format!("n{i}"), &["all"], (i % 3) as i16))
+            .unwrap();
+    }
+    w.commit().unwrap();
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    assert!(t.delete(&mut w, &obj(3, "", &[], 0)).unwrap().is_some());
+    assert!(t.delete(&mut w, &obj(3, "", &[], 0)).unwrap().is_none());
+    assert!(t.delete_key(&mut w, &4u32).unwrap().is_some());
+    let r = w.commit().unwrap();
+    assert_eq!(t.len(&r).unwrap(), 8);
+    assert_eq!(t.list(&r, &f.by_tag, "all").unwrap().count(), 8);
+    assert!(t.get(&r, &f.by_name, "n3").unwrap().is_none());
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    assert_eq!(t.delete_all(&mut w).unwrap(), 8);
+    let r = w.commit().unwrap();
+    assert_eq!(t.len(&r).unwrap(), 0);
+    assert_eq!(t.list(&r, &f.by_tag, "all").unwrap().count(), 0);
+    assert_eq!(t.list_revision(&r, 0).unwrap().count(), 0);
+    assert_eq!(t.revision(&r).unwrap(), 10 + 2 + 8);
+}
+
+#[test]
+fn abort_and_drop_change_nothing() {
+    let f = fixture();
+    let t = &f.table;
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+    w.abort().unwrap();
+    assert_eq!(w.abort(), Err(statedb::Error::TxnDone));
+    {
+        let mut w = f.db.write_txn(&[t]).unwrap();
+        t.insert(&mut w, obj(2, "b", &[], 0)).unwrap();
+    }
+    let r = f.db.read_txn();
+    assert_eq!(t.len(&r).unwrap(), 0);
+    assert_eq!(t.revision(&r).unwrap(), 0);
+}
+
+#[test]
+fn panic_inside_txn_leaves_db_unchanged() {
+    let f = fixture();
+    let t = f.table.clone();
+    let db = f.db.clone();
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut w = db.write_txn(&[&t]).unwrap();
+        t.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+        panic!("boom");
+    }));
+    assert!(res.is_err());
+    assert_eq!(t.len(&db.read_txn()).unwrap(), 0);
+    // The lock was released.
+    let mut w = db.write_txn(&[&t]).unwrap();
+    // A panic inside a merge function poisons the txn if caught.
+    t.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = t.modify(&mut w, obj(1, "a", &[], 0), |_, _| panic!("merge"));
+    }));
+    assert!(res.is_err());
+    assert_eq!(w.commit().unwrap_err(), statedb::Error::Poisoned);
+    assert_eq!(
+        t.insert(&mut w, obj(2, "b", &[], 0)).unwrap_err(),
+        statedb::Error::Poisoned
+    );
+    w.abort().unwrap();
+    assert_eq!(t.len(&db.read_txn()).unwrap(), 0);
+}
+
+#[test]
+fn multi_table_commit_is_atomic() {
+    let db = Db::with_options(DbOptions { gc_interval: None });
+    let a = table_in(&db, "a");
+    let b = table_in(&db, "b");
+    let before = db.read_txn();
+    // Order and repetitions do not matter.
+    let mut w = db.write_txn(&[&b.table, &a.table, &b.table]).unwrap();
+    a.table.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+    b.table.insert(&mut w, obj(1, "b", &[], 0)).unwrap();
+    let after = w.commit().unwrap();
+    assert_eq!(a.table.len(&before).unwrap(), 0);
+    assert_eq!(b.table.len(&before).unwrap(), 0);
+    assert_eq!(a.table.len(&after).unwrap(), 1);
+    assert_eq!(b.table.len(&after).unwrap(), 1);
+    let r = db.read_txn();
+    assert_eq!(a.table.len(&r).unwrap() + b.table.len(&r).unwrap(), 2);
+}
+
+#[test]
+fn read_only_lock_creates_no_write_state() {
+    let db = Db::with_options(DbOptions { gc_interval: None });
+    let a = table_in(&db, "a");
+    let b = table_in(&db, "b");
+    let mut w = db.write_txn(&[&a.table, &b.table]).unwrap();
+    b.table.insert(&mut w, obj(1, "x", &[], 0)).unwrap();
+    // Reading `a` through the txn does not create its write state: its
+    // published root is unchanged by the commit.
+    assert_eq!(a.table.len(&w).unwrap(), 0);
+    let before = db.read_txn();
+    let after = w.commit().unwrap();
+    assert_eq!(a.table.revision(&after).unwrap(), 0);
+    assert!(format!("{w:?}").contains("done: true"));
+    // Same root object for the unwritten table (the per-table state is
+    // shared, not rebuilt).
+    assert_eq!(
+        a.table.to_json(&before).unwrap(),
+        a.table.to_json(&after).unwrap()
+    );
+}
+
+#[test]
+fn changes_stream_inserts_updates_deletes() {
+    let f = fixture();
+    let t = &f.table;
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+    let mut ch = t.changes(&mut w).unwrap();
+    t.insert(&mut w, obj(2, "b", &[], 0)).unwrap();
+    let r = w.commit().unwrap();
+    let (batch, watch) = ch.next(&r).unwrap();
+    let kinds: Vec<(u32, u64, ChangeKind)> = batch
+        .iter()
+        .map(|c: &Change<Obj>| (c.object.id, c.revision, c.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![(1, 1, ChangeKind::Insert), (2, 2, ChangeKind::Insert)]
+    );
+    assert!(!watch.is_closed());
+    let (batch, _) = ch.next(&r).unwrap();
+    assert!(batch.is_empty());
+
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.insert(&mut w, obj(1, "a2", &[], 0)).unwrap();
+    t.delete(&mut w, &obj(2, "", &[], 0)).unwrap();
+    let r = w.commit().unwrap();
+    assert!(watch.is_closed());
+    assert_eq!(t.graveyard_len(&r).unwrap(), 1);
+    let (batch, _) = ch.next(&r).unwrap();
+    let kinds: Vec<(u32, u64, ChangeKind)> = batch
+        .iter()
+        .map(|c| (c.object.id, c.revision, c.kind))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![(1, 3, ChangeKind::Update), (2, 4, ChangeKind::Delete)]
+    );
+    // The consumer processed the delete: the collector drops it.
+    assert_eq!(f.db.collect_garbage(), 1);
+    assert_eq!(t.graveyard_len(&f.db.read_txn()).unwrap(), 0);
+}
+
+#[test]
+fn graveyard_kept_until_every_consumer_is_past() {
+    let f = fixture();
+    let t = &f.table;
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    let mut c1 = t.changes(&mut w).unwrap();
+    let c2 = t.changes(&mut w).unwrap();
+    t.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+    t.insert(&mut w, obj(2, "b", &[], 0)).unwrap();
+    w.commit().unwrap();
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.delete_all(&mut w).unwrap();
+    let r = w.commit().unwrap();
+    assert_eq!(t.graveyard_len(&r).unwrap(), 2);
+    c1.next(&r).unwrap();
+    assert_eq!(f.db.collect_garbage(), 0, "c2 still needs them");
+    drop(c2);
+    assert_eq!(f.db.collect_garbage(), 2);
+    // No consumer left: deletes are no longer kept.
+    drop(c1);
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.insert(&mut w, obj(3, "c", &[], 0)).unwrap();
+    t.delete_key(&mut w, &3u32).unwrap();
+    let r = w.commit().unwrap();
+    assert_eq!(t.graveyard_len(&r).unwrap(), 0);
+}
+
+#[test]
+fn background_gc_collects() {
+    let db = Db::with_options(DbOptions {
+        gc_interval: Some(std::time::Duration::from_millis(5)),
+    });
+    let f = table_in(&db, "objs");
+    let t = &f.table;
+    let mut w = db.write_txn(&[t]).unwrap();
+    let mut ch = t.changes(&mut w).unwrap();
+    t.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+    w.commit().unwrap();
+    let mut w = db.write_txn(&[t]).unwrap();
+    t.delete_key(&mut w, &1u32).unwrap();
+    let r = w.commit().unwrap();
+    assert_eq!(t.graveyard_len(&r).unwrap(), 1);
+    ch.next(&r).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while t.graveyard_len(&db.read_txn()).unwrap() != 0 {
+        assert!(std::time::Instant::now() < deadline, "gc never ran");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn changes_since_skips_older() {
+    let f = fixture();
+    let t = &f.table;
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    for i in 0..5 {
+        t.insert(&mut w, obj(i, &format!("{i}"), &[], 0)).unwrap();
+    }
+    let mut ch = t.changes_since(&mut w, 3).unwrap();
+    let r = w.commit().unwrap();
+    let (b, _) = ch.next(&r).unwrap();
+    assert_eq!(b.iter().map(|c| c.revision).collect::<Vec<_>>(), vec![4, 5]);
+    assert_eq!(ch.position(), 5);
+}
+
+#[test]
+fn initialization() {
+    let f = fixture();
+    let t = &f.table;
+    let (init, w0) = t.initialized_watch(&f.db.read_txn()).unwrap();
+    assert!(init);
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    let i1 = t.register_initializer(&mut w, "k8s").unwrap();
+    let i2 = t.register_initializer(&mut w, "file").unwrap();
+    let r = w.commit().unwrap();
+    assert!(w0.is_closed(), "registering makes it uninitialized");
+    let (init, watch) = t.initialized_watch(&r).unwrap();
+    assert!(!init);
+    assert_eq!(t.pending_initializers(&r).unwrap(), vec!["k8s", "file"]);
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.initializer_done(&mut w, &i1).unwrap();
+    assert_eq!(
+        t.initializer_done(&mut w, &i1).unwrap_err(),
+        statedb::Error::InitializerDone("k8s".into())
+    );
+    let r = w.commit().unwrap();
+    assert!(!watch.is_closed(), "still pending: no fire");
+    assert!(!t.initialized(&r).unwrap());
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.initializer_done(&mut w, &i2).unwrap();
+    let r = w.commit().unwrap();
+    assert!(watch.is_closed());
+    assert!(t.initialized(&r).unwrap());
+}
+
+#[test]
+fn json_dump_and_stats() {
+    let f = fixture();
+    let t = &f.table;
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.insert(&mut w, obj(1, "a", &["x"], -2)).unwrap();
+    let r = w.commit().unwrap();
+    let v: serde_json::Value = serde_json::from_str(&t.to_json(&r).unwrap()).unwrap();
+    assert_eq!(v["table"], "objs");
+    assert_eq!(v["revision"], 1);
+    assert_eq!(v["objects"][0]["revision"], 1);
+    assert_eq!(v["objects"][0]["object"]["name"], "a");
+    assert_eq!(v["objects"][0]["object"]["group"], -2);
+    let s = f.db.stats();
+    assert_eq!(s.len(), 1);
+    assert_eq!((s[0].objects, s[0].revision, s[0].graveyard), (1, 1, 0));
+    assert_eq!(s[0].commit.0, 1);
+    assert_eq!(s[0].lock_wait.0, 1);
+    assert_eq!(s[0].lock_hold.0, 1);
+}
+
+#[test]
+fn ip_and_tuple_keys() {
+    use statedb::IpPrefix;
+    use std::net::IpAddr;
+    #[derive(Clone, Debug)]
+    struct Route {
+        prefix: IpPrefix,
+        dev: String,
+        metric: i32,
+    }
+    let db = Db::with_options(DbOptions { gc_interval: None });
+    let by_prefix = Index::unique("prefix", |r: &Route| r.prefix);
+    let by_dev = Index::non_unique("dev-metric", |r: &Route| (r.dev.clone(), r.metric));
+    let t = db
+        .create_table("routes", &by_prefix, &[by_dev.erase()])
+        .unwrap();
+    let p = |s: &str, l| IpPrefix::new(s.parse::<IpAddr>().unwrap(), l).unwrap();
+    let mut w = db.write_txn(&[&t]).unwrap();
+    for (pre, l, dev, m) in [
+        ("10.0.0.0", 8, "eth0", 5),
+        ("10.1.0.0", 16, "eth0", -5),
+        ("::", 0, "eth1", 0),
+        ("192.168.0.0", 16, "eth0\0x", 1),
+    ] {
+        t.insert(
+            &mut w,
+            Route {
+                prefix: p(pre, l),
+                dev: dev.into(),
+                metric: m,
+            },
+        )
+        .unwrap();
+    }
+    let r = w.commit().unwrap();
+    let got: Vec<i32> = t
+        .prefix(&r, &by_dev, &("eth0".to_string(), 0i32))
+        .unwrap()
+        .map(|o| o.metric)
+        .collect();
+    assert!(got.is_empty(), "a full tuple prefix matches only itself");
+    let got: Vec<i32> = t
+        .lower_bound(&r, &by_dev, &("eth0".to_string(), i32::MIN))
+        .unwrap()
+        .map(|o| o.metric)
+        .collect();
+    assert_eq!(
+        got,
+        vec![-5, 5, 1, 0],
+        "negatives first, eth0 < eth0\\0x < eth1"
+    );
+    assert_eq!(
+        t.get(&r, &by_dev, &("eth0".to_string(), -5))
+            .unwrap()
+            .unwrap()
+            .prefix,
+        p("10.1.0.0", 16)
+    );
+    let all: Vec<IpPrefix> = t.all(&r).unwrap().map(|o| o.prefix).collect();
+    assert_eq!(all[3], p("::", 0), "IPv6 after IPv4");
+}

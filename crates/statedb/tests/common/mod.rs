@@ -1,0 +1,68 @@
+//! Shared test fixtures.
+#![allow(dead_code)]
+
+use statedb::{Db, DbOptions, Index, Table};
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Obj {
+    pub id: u32,
+    pub name: String,
+    pub tags: Vec<String>,
+    pub group: i16,
+}
+
+pub fn obj(id: u32, name: &str, tags: &[&str], group: i16) -> Obj {
+    Obj {
+        id,
+        name: name.to_string(),
+        tags: tags.iter().map(|s| s.to_string()).collect(),
+        group,
+    }
+}
+
+pub struct Fixture {
+    pub db: Db,
+    pub table: Table<Obj>,
+    pub by_id: Index<Obj, u32>,
+    pub by_name: Index<Obj, String>,
+    pub by_tag: Index<Obj, String>,
+    pub by_group: Index<Obj, i16>,
+}
+
+pub fn indexes() -> (
+    Index<Obj, u32>,
+    Index<Obj, String>,
+    Index<Obj, String>,
+    Index<Obj, i16>,
+) {
+    (
+        Index::unique("id", |o: &Obj| o.id),
+        Index::unique("name", |o: &Obj| o.name.clone()),
+        Index::non_unique_multi("tags", |o: &Obj| o.tags.clone()),
+        Index::non_unique("group", |o: &Obj| o.group),
+    )
+}
+
+pub fn table_in(db: &Db, name: &str) -> Fixture {
+    let (by_id, by_name, by_tag, by_group) = indexes();
+    let table = db
+        .create_table(
+            name,
+            &by_id,
+            &[by_name.erase(), by_tag.erase(), by_group.erase()],
+        )
+        .unwrap();
+    Fixture {
+        db: db.clone(),
+        table,
+        by_id,
+        by_name,
+        by_tag,
+        by_group,
+    }
+}
+
+pub fn fixture() -> Fixture {
+    let db = Db::with_options(DbOptions { gc_interval: None });
+    table_in(&db, "objs")
+}
