@@ -59,7 +59,7 @@ pub use init::Initializer;
 pub use key::{escape_nonunique, IpPrefix, Key};
 pub use object::Object;
 pub use part::{Watch, WatchSet};
-pub use table::{AnyTable, Table};
+pub use table::{AnyTable, Objects, Storable, Table};
 pub use txn::{ReadTxn, TxnRead, WriteTxn};
 
 /// A table's revision counter: each write takes the next value.

@@ -29,12 +29,14 @@ pub struct Fixture {
     pub by_group: Index<Obj, i16>,
 }
 
-pub fn indexes() -> (
+pub type Indexes = (
     Index<Obj, u32>,
     Index<Obj, String>,
     Index<Obj, String>,
     Index<Obj, i16>,
-) {
+);
+
+pub fn indexes() -> Indexes {
     (
         Index::unique("id", |o: &Obj| o.id),
         Index::unique("name", |o: &Obj| o.name.clone()),
