@@ -4,8 +4,9 @@
 //! [`crate::replay::Timeline`]) is compressed into a window of `window_ms`
 //! and replayed open-loop against a fresh index: every entry has a deadline
 //! (`start + t * window / span`), a lane sleeps until the deadline of its
-//! next entry and, when late, runs it at once without sleeping, so lateness
-//! never slows the offered rate. Events go to `event_lanes` threads, a
+//! next entry (to a granularity of [`TIMER_GRANULARITY`]) and, when late,
+//! runs it at once without sleeping, so lateness never slows the offered
+//! rate. Events go to `event_lanes` threads, a
 //! worker always to the same lane (so its events apply in order, as the
 //! index requires); lookups go to `query_lanes` threads.
 //!
@@ -200,6 +201,12 @@ fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 1 << 40, 3).expect("histogram bounds")
 }
 
+/// A lane runs an entry at once when its deadline is less than this far
+/// away, and sleeps otherwise: the timer granularity of the replay (like a
+/// 1 ms timer wheel), which keeps sleep calls to about one per millisecond
+/// per lane instead of one per entry.
+pub const TIMER_GRANULARITY: Duration = Duration::from_millis(1);
+
 /// Runs entries at their deadlines, timing each call in nanoseconds.
 fn drive<T: Copy>(
     start: Instant,
@@ -211,7 +218,7 @@ fn drive<T: Copy>(
     for (i, (at, item)) in entries.iter().enumerate() {
         let target = start + *at;
         let now = Instant::now();
-        if target > now {
+        if target > now + TIMER_GRANULARITY {
             std::thread::sleep(target - now);
         }
         let t0 = Instant::now();
