@@ -1,0 +1,249 @@
+//! Every documented error path returns its typed error (no panic).
+
+mod common;
+
+use common::*;
+use statedb::{Db, DbOptions, Error, Index, IpPrefix};
+
+fn db() -> Db {
+    Db::with_options(DbOptions { gc_interval: None })
+}
+
+#[test]
+fn bad_table_names() {
+    let db = db();
+    for name in ["", "Upper", "1abc", "a b", "a.b", "é", &"x".repeat(65)] {
+        let id = Index::unique("id", |o: &Obj| o.id);
+        let e = db.create_table(name, &id, &[]).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidName { what: "table", .. }),
+            "{name:?}: {e}"
+        );
+    }
+    let id = Index::unique("id", |o: &Obj| o.id);
+    db.create_table(&"x".repeat(64), &id, &[]).unwrap();
+}
+
+#[test]
+fn bad_index_names_and_duplicates() {
+    let db = db();
+    let id = Index::unique("ID", |o: &Obj| o.id);
+    let e = db.create_table("t", &id, &[]).unwrap_err();
+    assert!(matches!(e, Error::InvalidName { what: "index", .. }));
+    let id = Index::unique("id", |o: &Obj| o.id);
+    let dup = Index::unique("id", |o: &Obj| o.name.clone());
+    let e = db.create_table("t", &id, &[dup.erase()]).unwrap_err();
+    assert_eq!(
+        e,
+        Error::DuplicateIndex {
+            table: "t".into(),
+            index: "id".into()
+        }
+    );
+    // A failed creation leaves the indexes free.
+    db.create_table("t", &id, &[]).unwrap();
+}
+
+#[test]
+fn table_exists_and_index_in_use() {
+    let db = db();
+    let f = table_in(&db, "t");
+    let id = Index::unique("id", |o: &Obj| o.id);
+    assert_eq!(
+        db.create_table("t", &id, &[]).unwrap_err(),
+        Error::TableExists("t".into())
+    );
+    assert_eq!(
+        db.create_table("u", &f.by_id, &[]).unwrap_err(),
+        Error::IndexInUse("id".into())
+    );
+}
+
+#[test]
+fn primary_must_be_unique_single_key() {
+    let db = db();
+    let nu = Index::non_unique("g", |o: &Obj| o.group);
+    assert!(matches!(
+        db.create_table("t", &nu, &[]).unwrap_err(),
+        Error::PrimaryNotUnique(_)
+    ));
+    let multi = Index::unique_multi("tags", |o: &Obj| o.tags.clone());
+    assert!(matches!(
+        db.create_table("t", &multi, &[]).unwrap_err(),
+        Error::PrimaryNotUnique(_)
+    ));
+}
+
+#[test]
+fn index_of_another_table() {
+    let db = db();
+    let a = table_in(&db, "a");
+    let b = table_in(&db, "b");
+    let r = db.read_txn();
+    assert_eq!(
+        a.table.get(&r, &b.by_name, "x").unwrap_err(),
+        Error::IndexNotInTable {
+            index: "name".into(),
+            table: "a".into()
+        }
+    );
+    assert!(a.table.list(&r, &b.by_tag, "x").is_err());
+    assert!(a.table.prefix_watch(&r, &b.by_tag, "x").is_err());
+    // An index never added to any table.
+    let loose = Index::unique("loose", |o: &Obj| o.id);
+    assert!(matches!(
+        a.table.lower_bound(&r, &loose, &1).unwrap_err(),
+        Error::IndexNotInTable { .. }
+    ));
+}
+
+#[test]
+fn foreign_tables_and_old_snapshots() {
+    let db1 = db();
+    let db2 = db();
+    let old = db1.read_txn();
+    let a = table_in(&db1, "a");
+    let b = table_in(&db2, "b");
+    assert_eq!(
+        db1.write_txn(&[&a.table, &b.table]).unwrap_err(),
+        Error::ForeignTable("b".into())
+    );
+    assert_eq!(
+        b.table.len(&db1.read_txn()).unwrap_err(),
+        Error::ForeignTable("b".into())
+    );
+    assert_eq!(
+        a.table.len(&old).unwrap_err(),
+        Error::TableNotInSnapshot("a".into())
+    );
+    let mut w = db1.write_txn(&[&a.table]).unwrap();
+    assert_eq!(
+        b.table.insert(&mut w, obj(1, "", &[], 0)).unwrap_err(),
+        Error::ForeignTable("b".into())
+    );
+}
+
+#[test]
+fn write_to_unlocked_table() {
+    let db = db();
+    let a = table_in(&db, "a");
+    let b = table_in(&db, "b");
+    let mut w = db.write_txn(&[&a.table]).unwrap();
+    let e = Error::TableNotLocked("b".into());
+    assert_eq!(b.table.insert(&mut w, obj(1, "", &[], 0)).unwrap_err(), e);
+    assert_eq!(b.table.delete_all(&mut w).unwrap_err(), e);
+    assert_eq!(b.table.delete_key(&mut w, &1u32).unwrap_err(), e);
+    assert_eq!(b.table.changes(&mut w).unwrap_err(), e);
+    assert_eq!(b.table.register_initializer(&mut w, "x").unwrap_err(), e);
+    // Reading it is fine.
+    assert_eq!(b.table.len(&w).unwrap(), 0);
+}
+
+#[test]
+fn committing_twice_and_writing_after_commit() {
+    let f = fixture();
+    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+    f.table.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+    w.commit().unwrap();
+    assert_eq!(w.commit().unwrap_err(), Error::TxnDone);
+    assert_eq!(w.abort().unwrap_err(), Error::TxnDone);
+    assert_eq!(
+        f.table.insert(&mut w, obj(2, "b", &[], 0)).unwrap_err(),
+        Error::TxnDone
+    );
+    assert!(w.is_done());
+}
+
+#[test]
+fn oversized_keys() {
+    let f = fixture();
+    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+    let big = "x".repeat(part::MAX_KEY_LEN + 1);
+    let e = f.table.insert(&mut w, obj(1, &big, &[], 0)).unwrap_err();
+    assert!(
+        matches!(&e, Error::KeyTooLong { index, .. } if index == "name"),
+        "{e}"
+    );
+    // Non-unique: the escaped key plus the primary key must fit.
+    let almost = "\0".repeat(part::MAX_KEY_LEN / 2);
+    let e = f
+        .table
+        .insert(&mut w, obj(1, "a", &[&almost], 0))
+        .unwrap_err();
+    assert!(matches!(&e, Error::KeyTooLong { index, .. } if index == "tags"));
+    // Nothing was written.
+    assert_eq!(f.table.len(&w).unwrap(), 0);
+    assert_eq!(f.table.revision(&w).unwrap(), 0);
+    // Primary keys too.
+    let db = db();
+    let by_bytes = Index::unique("b", |v: &Vec<u8>| v.clone());
+    let t = db.create_table("bytes", &by_bytes, &[]).unwrap();
+    let mut w = db.write_txn(&[&t]).unwrap();
+    assert!(matches!(
+        t.insert(&mut w, vec![0; part::MAX_KEY_LEN + 1])
+            .unwrap_err(),
+        Error::KeyTooLong { .. }
+    ));
+}
+
+#[test]
+fn unique_conflict_changes_nothing() {
+    let f = fixture();
+    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+    f.table.insert(&mut w, obj(1, "a", &["t"], 0)).unwrap();
+    let e = f.table.insert(&mut w, obj(2, "a", &["u"], 0)).unwrap_err();
+    assert!(matches!(e, Error::UniqueConflict { .. }));
+    assert_eq!(f.table.len(&w).unwrap(), 1);
+    assert_eq!(f.table.list(&w, &f.by_tag, "u").unwrap().count(), 0);
+    // Re-inserting the same object under its own key is fine.
+    f.table.insert(&mut w, obj(1, "a", &["v"], 0)).unwrap();
+}
+
+#[test]
+fn merge_must_keep_the_primary_key() {
+    let f = fixture();
+    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+    f.table.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+    let e = f
+        .table
+        .modify(&mut w, obj(1, "a", &[], 0), |_, mut n| {
+            n.id = 2;
+            n
+        })
+        .unwrap_err();
+    assert_eq!(e, Error::MergeChangedKey);
+}
+
+#[test]
+fn initializer_of_another_table() {
+    let db = db();
+    let a = table_in(&db, "a");
+    let b = table_in(&db, "b");
+    let mut w = db.write_txn(&[&a.table, &b.table]).unwrap();
+    let i = a.table.register_initializer(&mut w, "x").unwrap();
+    assert_eq!(
+        b.table.initializer_done(&mut w, &i).unwrap_err(),
+        Error::InitializerTable {
+            init: "x".into(),
+            table: "a".into()
+        }
+    );
+    assert_eq!(i.name(), "x");
+}
+
+#[test]
+fn bad_prefix_length() {
+    assert_eq!(
+        IpPrefix::new("1.2.3.4".parse().unwrap(), 40).unwrap_err(),
+        Error::InvalidPrefixLen { len: 40, max: 32 }
+    );
+}
+
+#[test]
+fn errors_display() {
+    let e = Error::TableNotLocked("t".into());
+    assert_eq!(
+        e.to_string(),
+        "table \"t\" is not locked by this write transaction"
+    );
+}
