@@ -1,2 +1,81 @@
-//! KV95 benchmark (placeholder).
-fn main() {}
+//! KV95: threads doing 95% point reads (a read transaction and a get) and 5%
+//! single-row write transactions on a 100k-object table. Prints ops/s and
+//! p50/p99 latency for 1 and 2 threads, and the scaling factor.
+//!
+//! `cargo bench -p statedb --bench kv95 [-- SECONDS]`
+
+mod common;
+
+use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use common::*;
+use rand::{Rng, SeedableRng};
+
+const OBJECTS: u64 = 100_000;
+
+fn run(threads: usize, secs: f64) -> (f64, u64, u64) {
+    let b = Arc::new(new_db(false));
+    fill(&b, OBJECTS);
+    let barrier = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (b, barrier) = (b.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
+                let mut lat: Vec<u64> = Vec::with_capacity(1 << 22);
+                barrier.wait();
+                let start = Instant::now();
+                let end = start + Duration::from_secs_f64(secs);
+                let mut ops = 0u64;
+                let mut t0 = start;
+                loop {
+                    let id = rng.gen_range(0..OBJECTS);
+                    if rng.gen_ratio(5, 100) {
+                        let mut w = b.db.write_txn(&[&b.table]).unwrap();
+                        b.table.insert(&mut w, obj(id)).unwrap();
+                        w.commit().unwrap();
+                    } else {
+                        let r = b.db.read_txn();
+                        black_box(b.table.get(&r, &b.by_id, &id).unwrap());
+                    }
+                    ops += 1;
+                    let t1 = Instant::now();
+                    lat.push((t1 - t0).as_nanos() as u64);
+                    t0 = t1;
+                    if ops % 256 == 0 && t1 >= end {
+                        return (ops, t1 - start, lat);
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut total = 0.0;
+    let mut all = Vec::new();
+    for h in handles {
+        let (ops, took, lat) = h.join().unwrap();
+        total += ops as f64 / took.as_secs_f64();
+        all.extend(lat);
+    }
+    all.sort_unstable();
+    (total, pct(&all, 0.5), pct(&all, 0.99))
+}
+
+fn main() {
+    let secs: f64 = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(3.0);
+    let (one, p50_1, p99_1) = run(1, secs);
+    println!(
+        "KV95 1 thread : {:>10.0} ops/s  p50 {p50_1} ns  p99 {p99_1} ns",
+        one
+    );
+    let (two, p50_2, p99_2) = run(2, secs);
+    println!(
+        "KV95 2 threads: {:>10.0} ops/s  p50 {p50_2} ns  p99 {p99_2} ns",
+        two
+    );
+    println!("KV95 scaling 1 -> 2 threads: {:.2}x", two / one);
+}

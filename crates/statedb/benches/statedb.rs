@@ -1,2 +1,189 @@
-//! statedb benchmarks (placeholder).
-fn main() {}
+//! statedb benchmarks, named after Go statedb's `BenchmarkDB_*` so figures
+//! compare with its anchors. Throughput is objects (or lookups) per second;
+//! 1000 objects unless the name says otherwise.
+//!
+//! `cargo bench -p statedb --bench statedb` runs all; add `-- WriteTxn` to
+//! filter. PropagationDelay and KV95 are custom mains: `--bench propagation`,
+//! `--bench kv95`.
+
+mod common;
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use common::*;
+use criterion::{BatchSize, Criterion, Throughput};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+const N: u64 = 1000;
+
+fn write_txn_batch(c: &mut Criterion, name: &str, batch: u64, secondary: bool) {
+    let b = new_db(secondary);
+    let mk = if secondary { tagged } else { obj };
+    let mut g = c.benchmark_group("statedb");
+    g.throughput(Throughput::Elements(N));
+    g.bench_function(name, |bn| {
+        bn.iter(|| {
+            let mut id = 0;
+            while id < N {
+                let mut w = b.db.write_txn(&[&b.table]).unwrap();
+                for _ in 0..batch {
+                    b.table.insert(&mut w, mk(id)).unwrap();
+                    id += 1;
+                }
+                w.commit().unwrap();
+            }
+        })
+    });
+    g.finish();
+}
+
+fn shuffled(n: u64) -> Vec<u64> {
+    let mut ids: Vec<u64> = (0..n).collect();
+    ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(1));
+    ids
+}
+
+fn benches(c: &mut Criterion) {
+    write_txn_batch(c, "WriteTxn_1", 1, false);
+    write_txn_batch(c, "WriteTxn_10", 10, false);
+    write_txn_batch(c, "WriteTxn_100", 100, false);
+    write_txn_batch(c, "WriteTxn_1000", 1000, false);
+    write_txn_batch(c, "WriteTxn_100_SecondaryIndex", 100, true);
+
+    let mut g = c.benchmark_group("statedb");
+    g.throughput(Throughput::Elements(N));
+
+    // Insert 1000 objects in random order into an empty table; abort.
+    let b = new_db(false);
+    let ids = shuffled(N);
+    g.bench_function("RandomInsert", |bn| {
+        bn.iter(|| {
+            let mut w = b.db.write_txn(&[&b.table]).unwrap();
+            for &id in &ids {
+                b.table.insert(&mut w, obj(id)).unwrap();
+            }
+            w.abort().unwrap();
+        })
+    });
+
+    // Replace 1000 existing objects in random order; abort.
+    let b = new_db(false);
+    fill(&b, N);
+    g.bench_function("RandomReplace", |bn| {
+        bn.iter(|| {
+            let mut w = b.db.write_txn(&[&b.table]).unwrap();
+            for &id in &ids {
+                b.table.insert(&mut w, obj(id)).unwrap();
+            }
+            w.abort().unwrap();
+        })
+    });
+
+    // Insert 1000 objects in key order into an empty table; commit.
+    g.bench_function("SequentialInsert", |bn| {
+        bn.iter_batched(
+            || new_db(false),
+            |b| {
+                let mut w = b.db.write_txn(&[&b.table]).unwrap();
+                for id in 0..N {
+                    b.table.insert(&mut w, obj(id)).unwrap();
+                }
+                w.commit().unwrap();
+                b
+            },
+            BatchSize::SmallInput,
+        )
+    });
+
+    // 1000 inserts, then delete-all; without and with a change consumer.
+    let b = new_db(false);
+    g.bench_function("Changes_Baseline", |bn| {
+        bn.iter(|| {
+            let mut w = b.db.write_txn(&[&b.table]).unwrap();
+            for id in 0..N {
+                b.table.insert(&mut w, obj(id)).unwrap();
+            }
+            w.commit().unwrap();
+            let mut w = b.db.write_txn(&[&b.table]).unwrap();
+            b.table.delete_all(&mut w).unwrap();
+            w.commit().unwrap();
+        })
+    });
+    let b = new_db(false);
+    let mut w = b.db.write_txn(&[&b.table]).unwrap();
+    let mut changes = b.table.changes(&mut w).unwrap();
+    w.commit().unwrap();
+    g.bench_function("Changes", |bn| {
+        bn.iter(|| {
+            let mut w = b.db.write_txn(&[&b.table]).unwrap();
+            for id in 0..N {
+                b.table.insert(&mut w, obj(id)).unwrap();
+            }
+            let r = w.commit().unwrap();
+            let (batch, _) = changes.next(&r).unwrap();
+            assert_eq!(batch.len(), N as usize);
+            let mut w = b.db.write_txn(&[&b.table]).unwrap();
+            b.table.delete_all(&mut w).unwrap();
+            let r = w.commit().unwrap();
+            let (batch, _) = changes.next(&r).unwrap();
+            assert_eq!(batch.len(), N as usize);
+        })
+    });
+
+    // Lookups of 1000 objects, random and sequential order.
+    let b = new_db(false);
+    fill(&b, N);
+    let r = b.db.read_txn();
+    g.bench_function("RandomLookup", |bn| {
+        bn.iter(|| {
+            for &id in &ids {
+                black_box(b.table.get(&r, &b.by_id, &id).unwrap());
+            }
+        })
+    });
+    g.bench_function("SequentialLookup", |bn| {
+        bn.iter(|| {
+            for id in 0..N {
+                black_box(b.table.get(&r, &b.by_id, &id).unwrap());
+            }
+        })
+    });
+    g.finish();
+
+    // Iterating 100k objects.
+    let mut g = c.benchmark_group("statedb");
+    const BIG: u64 = 100_000;
+    g.throughput(Throughput::Elements(BIG));
+    let b = new_db(false);
+    fill(&b, BIG);
+    let r = b.db.read_txn();
+    g.bench_function("FullIteration_All", |bn| {
+        bn.iter(|| {
+            let mut n = 0;
+            for o in b.table.all(&r).unwrap() {
+                n += black_box(o).id & 1;
+            }
+            n
+        })
+    });
+    g.bench_function("FullIteration_Get", |bn| {
+        bn.iter(|| {
+            for id in 0..BIG {
+                black_box(b.table.get(&r, &b.by_id, &id).unwrap());
+            }
+        })
+    });
+    g.finish();
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20)
+        .configure_from_args();
+    benches(&mut c);
+    c.final_summary();
+}

@@ -1,0 +1,75 @@
+//! Shared benchmark fixtures: Go statedb's `testObject` (an id and a set of
+//! tags) with the id as primary index and optionally the tags as a
+//! non-unique secondary index.
+
+#![allow(dead_code)]
+
+use statedb::{Db, DbOptions, Index, Table};
+
+#[derive(Clone, Debug)]
+pub(crate) struct TestObject {
+    pub(crate) id: u64,
+    pub(crate) tags: &'static [&'static str],
+}
+
+pub(crate) struct Bench {
+    pub(crate) db: Db,
+    pub(crate) table: Table<TestObject>,
+    pub(crate) by_id: Index<TestObject, u64>,
+    pub(crate) by_tag: Index<TestObject, &'static str>,
+}
+
+pub(crate) fn new_db(secondary: bool) -> Bench {
+    new_db_named(&Db::with_options(DbOptions::default()), "test", secondary)
+}
+
+pub(crate) fn new_db_named(db: &Db, name: &str, secondary: bool) -> Bench {
+    let by_id = Index::unique("id", |o: &TestObject| o.id);
+    let by_tag = Index::non_unique_multi("tags", |o: &TestObject| o.tags.iter().copied());
+    let sec = if secondary {
+        vec![by_tag.erase()]
+    } else {
+        vec![]
+    };
+    let table = db.create_table(name, &by_id, &sec).unwrap();
+    Bench {
+        db: db.clone(),
+        table,
+        by_id,
+        by_tag,
+    }
+}
+
+pub(crate) fn obj(id: u64) -> TestObject {
+    TestObject { id, tags: &[] }
+}
+
+pub(crate) fn tagged(id: u64) -> TestObject {
+    const TAGS: [&[&str]; 2] = [&["foo", "bar"], &["foo", "baz"]];
+    TestObject {
+        id,
+        tags: TAGS[(id % 2) as usize],
+    }
+}
+
+/// Inserts ids `0..n` in batches of 1000.
+pub(crate) fn fill(b: &Bench, n: u64) {
+    let mut id = 0;
+    while id < n {
+        let mut w = b.db.write_txn(&[&b.table]).unwrap();
+        for _ in 0..1000.min(n - id) {
+            b.table.insert(&mut w, obj(id)).unwrap();
+            id += 1;
+        }
+        w.commit().unwrap();
+    }
+}
+
+/// Percentile of sorted samples.
+pub(crate) fn pct(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}

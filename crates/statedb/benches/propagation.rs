@@ -1,0 +1,104 @@
+//! PropagationDelay: time from a commit on table A to a consumer (a thread
+//! following A's changes) having written the derived rows into table B, as
+//! seen by a reader watching B. Go statedb's `BenchmarkDB_PropagationDelay`
+//! (batches of 10). Prints p50/p90/p99 in µs.
+//!
+//! `cargo bench -p statedb --bench propagation [-- ROUNDS]`
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use statedb::{Db, DbOptions};
+
+const BATCH: u64 = 10;
+
+fn main() {
+    let rounds: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(20_000);
+    let db = Db::with_options(DbOptions::default());
+    let a = new_db_named(&db, "a", false);
+    let b = new_db_named(&db, "b", false);
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let mut w = db.write_txn(&[&a.table]).unwrap();
+    let mut changes = a.table.changes(&mut w).unwrap();
+    w.commit().unwrap();
+    let consumer = {
+        let (db, ta, tb, stop) = (db.clone(), a.table.clone(), b.table.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let _ = ta;
+            while !stop.load(Ordering::Relaxed) {
+                let r = db.read_txn();
+                let (batch, watch) = changes.next(&r).unwrap();
+                if !batch.is_empty() {
+                    let mut w = db.write_txn(&[&tb]).unwrap();
+                    for c in &batch {
+                        if c.is_delete() {
+                            tb.delete_key(&mut w, &c.object.id).unwrap();
+                        } else {
+                            tb.insert(&mut w, obj(c.object.id)).unwrap();
+                        }
+                    }
+                    w.commit().unwrap();
+                }
+                watch.wait_timeout(Duration::from_millis(50));
+            }
+        })
+    };
+
+    let mut samples = Vec::with_capacity(rounds);
+    let mut id = 0u64;
+    let warmup = rounds / 10;
+    for round in 0..rounds + warmup {
+        let start = Instant::now();
+        let mut w = db.write_txn(&[&a.table]).unwrap();
+        for _ in 0..BATCH {
+            a.table.insert(&mut w, obj(id)).unwrap();
+            id += 1;
+        }
+        w.commit().unwrap();
+        loop {
+            let r = db.read_txn();
+            let (o, watch) = b.table.get_watch(&r, &b.by_id, &(id - 1)).unwrap();
+            if o.is_some() {
+                break;
+            }
+            watch.wait();
+        }
+        if round >= warmup {
+            samples.push(start.elapsed().as_nanos() as u64);
+        }
+        if id > 100_000 {
+            // Keep the tables small: clear both (the consumer follows).
+            let mut w = db.write_txn(&[&a.table]).unwrap();
+            a.table.delete_all(&mut w).unwrap();
+            w.commit().unwrap();
+            id = 0;
+            loop {
+                let r = db.read_txn();
+                let (_, watch) = b.table.all_watch(&r).unwrap();
+                if b.table.len(&r).unwrap() == 0 {
+                    break;
+                }
+                watch.wait();
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    consumer.join().unwrap();
+    samples.sort_unstable();
+    let us = |p| pct(&samples, p) as f64 / 1000.0;
+    println!(
+        "PropagationDelay ({} rounds, batch {BATCH}): p50 {:.1} µs  p90 {:.1} µs  p99 {:.1} µs",
+        samples.len(),
+        us(0.50),
+        us(0.90),
+        us(0.99)
+    );
+}
