@@ -43,6 +43,43 @@ pub(crate) struct Counters {
     gap_handler: RwLock<Option<Arc<GapHandler>>>,
 }
 
+impl IndexStats {
+    /// Adds `o` into `self`, field by field.
+    pub fn accumulate(&mut self, o: &IndexStats) {
+        self.events_applied += o.events_applied;
+        self.gaps += o.gaps;
+        self.unknown_parents += o.unknown_parents;
+        self.unknown_removes += o.unknown_removes;
+        self.duplicates += o.duplicates;
+        self.blocks_stored += o.blocks_stored;
+        self.blocks_removed += o.blocks_removed;
+    }
+}
+
+/// The event-id rule (see [`Counters::admit`]) on plain per-worker
+/// counters. Returns the decision and, on a gap, the expected id.
+pub(crate) fn admit_local(
+    st: &mut IndexStats,
+    last: &mut Option<u64>,
+    id: u64,
+) -> (Admit, Option<u64>) {
+    let mut gap = None;
+    match *last {
+        Some(l) if id < l => {
+            st.duplicates += 1;
+            return (Admit::Duplicate, None);
+        }
+        Some(l) if id > l.wrapping_add(1) => {
+            st.gaps += 1;
+            gap = Some(l + 1);
+        }
+        _ => {}
+    }
+    *last = Some(id);
+    st.events_applied += 1;
+    (Admit::Apply, gap)
+}
+
 /// What to do with an event given the worker's last applied id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Admit {
@@ -67,6 +104,14 @@ impl Counters {
 
     pub fn set_gap_handler(&self, h: Option<Arc<GapHandler>>) {
         *self.gap_handler.write() = h;
+    }
+
+    /// Calls the gap handler, if any.
+    pub fn report_gap(&self, w: WorkerKey, expected: u64, got: u64) {
+        let h = self.gap_handler.read().clone();
+        if let Some(h) = h {
+            h(w, expected, got);
+        }
     }
 
     /// Event-id rule. `last` is the worker's last admitted id and is updated.

@@ -15,13 +15,14 @@ mod write;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use hashbrown::HashMap;
 use parking_lot::{Mutex, RwLock};
 
 use crate::event::{ApplyError, KvEvent, KvEventData, WorkerKey};
 use crate::hash::{ExternalHash, LocalHash};
 use crate::scores::OverlapScores;
-use crate::stats::{Admit, Counters, GapHandler, IndexStats};
+use crate::stats::{admit_local, Admit, Counters, GapHandler, IndexStats};
 use crate::KvIndexer;
 use node::{Node, NodeRef, Wid};
 
@@ -41,6 +42,9 @@ pub(crate) struct WorkerState {
     id: Wid,
     last_event_id: Option<u64>,
     blocks: FMap<ExternalHash, Loc>,
+    /// This worker's counters (summed by `stats`; no shared atomics on the
+    /// write path).
+    stats: IndexStats,
 }
 
 struct WorkerEntry {
@@ -49,10 +53,22 @@ struct WorkerEntry {
     state: Mutex<WorkerState>,
 }
 
+/// Interned worker ids. Writers intern under the lock (once per new
+/// worker); readers map ids back to keys through a lock-free snapshot.
 #[derive(Default)]
 struct Registry {
-    ids: FMap<WorkerKey, Wid>,
-    keys: Vec<WorkerKey>,
+    ids: Mutex<FMap<WorkerKey, Wid>>,
+    keys: ArcSwap<Vec<WorkerKey>>,
+}
+
+/// Shards of the worker map (lanes look their workers up concurrently).
+const WORKER_SHARDS: usize = 64;
+
+fn shard_of(w: WorkerKey) -> usize {
+    (w.worker_id.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (w.dp_rank as u64).wrapping_mul(0xc2b2_ae3d_27d4_eb4f)) as usize
+        >> 3
+        & (WORKER_SHARDS - 1)
 }
 
 /// The concurrent compressed radix tree index.
@@ -62,9 +78,11 @@ struct Registry {
 /// short read lock per node visited and never overcount.
 pub struct ConcurrentIndex {
     root: NodeRef,
-    registry: RwLock<Registry>,
-    workers: RwLock<FMap<WorkerKey, Arc<WorkerEntry>>>,
+    registry: Registry,
+    workers: Box<[RwLock<FMap<WorkerKey, Arc<WorkerEntry>>>]>,
     counters: Counters,
+    /// Counters of removed workers.
+    retired: Mutex<IndexStats>,
 }
 
 impl Default for ConcurrentIndex {
@@ -78,9 +96,12 @@ impl ConcurrentIndex {
     pub fn new() -> Self {
         Self {
             root: Arc::new(RwLock::new(Node::default())),
-            registry: RwLock::new(Registry::default()),
-            workers: RwLock::new(FMap::default()),
+            registry: Registry::default(),
+            workers: (0..WORKER_SHARDS)
+                .map(|_| RwLock::new(FMap::default()))
+                .collect(),
             counters: Counters::default(),
+            retired: Mutex::new(IndexStats::default()),
         }
     }
 
@@ -91,25 +112,43 @@ impl ConcurrentIndex {
     }
 
     fn intern(&self, w: WorkerKey) -> Wid {
-        if let Some(&id) = self.registry.read().ids.get(&w) {
+        let mut ids = self.registry.ids.lock();
+        if let Some(&id) = ids.get(&w) {
             return id;
         }
-        let mut r = self.registry.write();
-        if let Some(&id) = r.ids.get(&w) {
-            return id;
-        }
-        let id = r.keys.len() as Wid;
-        r.keys.push(w);
-        r.ids.insert(w, id);
+        let mut keys: Vec<WorkerKey> = self.registry.keys.load().as_ref().clone();
+        let id = keys.len() as Wid;
+        keys.push(w);
+        self.registry.keys.store(Arc::new(keys));
+        ids.insert(w, id);
         id
     }
 
+    fn shard(&self, w: WorkerKey) -> &RwLock<FMap<WorkerKey, Arc<WorkerEntry>>> {
+        &self.workers[shard_of(w)]
+    }
+
+    fn all_entries(&self) -> Vec<(WorkerKey, Arc<WorkerEntry>)> {
+        let mut v: Vec<_> = self
+            .workers
+            .iter()
+            .flat_map(|s| {
+                s.read()
+                    .iter()
+                    .map(|(k, e)| (*k, Arc::clone(e)))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        v.sort_unstable_by_key(|(k, _)| *k);
+        v
+    }
+
     fn entry(&self, w: WorkerKey) -> Arc<WorkerEntry> {
-        if let Some(e) = self.workers.read().get(&w) {
+        if let Some(e) = self.shard(w).read().get(&w) {
             return Arc::clone(e);
         }
         let id = self.intern(w);
-        let mut g = self.workers.write();
+        let mut g = self.shard(w).write();
         Arc::clone(g.entry(w).or_insert_with(|| {
             Arc::new(WorkerEntry {
                 count: AtomicUsize::new(0),
@@ -117,6 +156,7 @@ impl ConcurrentIndex {
                     id,
                     last_event_id: None,
                     blocks: FMap::default(),
+                    stats: IndexStats::default(),
                 }),
             })
         }))
@@ -176,11 +216,11 @@ impl KvIndexer for ConcurrentIndex {
         let entry = self.entry(ev.worker);
         let mut st = entry.state.lock();
         let st = &mut *st;
-        if self
-            .counters
-            .admit(ev.worker, &mut st.last_event_id, ev.event_id)
-            == Admit::Duplicate
-        {
+        let (admit, gap) = admit_local(&mut st.stats, &mut st.last_event_id, ev.event_id);
+        if let Some(expected) = gap {
+            self.counters.report_gap(ev.worker, expected, ev.event_id);
+        }
+        if admit == Admit::Duplicate {
             return Ok(());
         }
         let r = match &ev.data {
@@ -203,22 +243,23 @@ impl KvIndexer for ConcurrentIndex {
     }
 
     fn worker_block_count(&self, w: WorkerKey) -> usize {
-        self.workers
+        self.shard(w)
             .read()
             .get(&w)
             .map_or(0, |e| e.count.load(Relaxed))
     }
 
     fn remove_worker(&self, w: WorkerKey) {
-        let Some(entry) = self.workers.read().get(&w).cloned() else {
+        let Some(entry) = self.shard(w).read().get(&w).cloned() else {
             return;
         };
         {
             let mut st = entry.state.lock();
             self.clear(&mut st);
             entry.count.store(0, Relaxed);
+            self.retired.lock().accumulate(&st.stats);
         }
-        self.workers.write().remove(&w);
+        self.shard(w).write().remove(&w);
     }
 
     fn dump(&self) -> Vec<KvEvent> {
@@ -230,12 +271,14 @@ impl KvIndexer for ConcurrentIndex {
     }
 
     fn stats(&self) -> IndexStats {
-        self.counters.snapshot()
+        let mut total = *self.retired.lock();
+        for (_, e) in self.all_entries() {
+            total.accumulate(&e.state.lock().stats);
+        }
+        total
     }
 
     fn workers(&self) -> Vec<WorkerKey> {
-        let mut v: Vec<_> = self.workers.read().keys().copied().collect();
-        v.sort_unstable();
-        v
+        self.all_entries().into_iter().map(|(k, _)| k).collect()
     }
 }

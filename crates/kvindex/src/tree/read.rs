@@ -72,12 +72,12 @@ impl ConcurrentIndex {
             return out;
         }
         out = OverlapScores::with_capacity(done.len() + active.len());
-        let reg = self.registry.read();
+        let keys = self.registry.keys.load();
         for (w, s) in done {
-            out.set(reg.keys[w as usize], s);
+            out.set(keys[w as usize], s);
         }
         for w in active {
-            out.set(reg.keys[w as usize], depth as u32);
+            out.set(keys[w as usize], depth as u32);
         }
         out
     }

@@ -16,12 +16,7 @@ impl ConcurrentIndex {
     /// Builds the dump. Meant for a quiescent index; under concurrent
     /// writes it is a best-effort (per-node consistent) picture.
     pub(super) fn dump_events(&self) -> Vec<KvEvent> {
-        let entries: Vec<(WorkerKey, Arc<super::WorkerEntry>)> = self
-            .workers
-            .read()
-            .iter()
-            .map(|(k, e)| (*k, Arc::clone(e)))
-            .collect();
+        let entries = self.all_entries();
         let mut workers = Vec::new();
         // Per interned worker id: (node ptr, depth) -> external id.
         let mut rev: HashMap<u32, Rev> = HashMap::new();
@@ -42,7 +37,7 @@ impl ConcurrentIndex {
             });
             rev.insert(st.id, r);
         }
-        let keys = self.registry.read().keys.clone();
+        let keys: Vec<WorkerKey> = self.registry.keys.load().as_ref().clone();
         let roots = self.snap_children(&self.root, &rev, &keys);
         events_from_snapshot(&roots, &workers)
     }

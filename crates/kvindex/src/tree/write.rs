@@ -5,7 +5,6 @@
 //! briefly while re-pointing their parent hints during a merge). Going up
 //! (to a parent) always releases first and re-validates after locking.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use hashbrown::HashMap;
@@ -92,7 +91,7 @@ impl ConcurrentIndex {
                     cur = Some(g);
                 }
                 _ => {
-                    self.counters.unknown_parents.fetch_add(1, Relaxed);
+                    ws.stats.unknown_parents += 1;
                     return Err(ApplyError::UnknownParent {
                         worker: ev.worker,
                         event_id: ev.event_id,
@@ -132,7 +131,7 @@ impl ConcurrentIndex {
                 None => 0,
             };
             if depth >= MAX_DEPTH {
-                self.counters.blocks_stored.fetch_add(stored, Relaxed);
+                ws.stats.blocks_stored += stored;
                 return Err(ApplyError::TooDeep {
                     worker: ev.worker,
                     event_id: ev.event_id,
@@ -248,7 +247,7 @@ impl ConcurrentIndex {
             cur = Some(lg);
         }
         drop(cur);
-        self.counters.blocks_stored.fetch_add(stored, Relaxed);
+        ws.stats.blocks_stored += stored;
         for n in touched {
             self.try_merge(&n);
             self.try_merge_into_parent(&n);
@@ -292,13 +291,13 @@ impl ConcurrentIndex {
     pub(super) fn removed(&self, ws: &mut WorkerState, hashes: &[ExternalHash]) {
         for h in hashes {
             let Some(mut loc) = ws.blocks.remove(h) else {
-                self.counters.unknown_removes.fetch_add(1, Relaxed);
+                ws.stats.unknown_removes += 1;
                 continue;
             };
             if self.remove_block(ws.id, &mut loc) {
-                self.counters.blocks_removed.fetch_add(1, Relaxed);
+                ws.stats.blocks_removed += 1;
             } else {
-                self.counters.unknown_removes.fetch_add(1, Relaxed);
+                ws.stats.unknown_removes += 1;
             }
         }
         if ws.blocks.capacity() > 64 && ws.blocks.len() * 4 < ws.blocks.capacity() {
@@ -359,7 +358,7 @@ impl ConcurrentIndex {
             }
         }
         ws.blocks = Default::default();
-        self.counters.blocks_removed.fetch_add(removed, Relaxed);
+        ws.stats.blocks_removed += removed;
         for (_, n) in nodes {
             let empty = {
                 let g = n.read();
