@@ -61,6 +61,9 @@ struct Registry {
     keys: ArcSwap<Vec<WorkerKey>>,
 }
 
+/// One shard of the worker map.
+type WorkerShard = RwLock<FMap<WorkerKey, Arc<WorkerEntry>>>;
+
 /// Shards of the worker map (lanes look their workers up concurrently).
 const WORKER_SHARDS: usize = 64;
 
@@ -79,7 +82,7 @@ fn shard_of(w: WorkerKey) -> usize {
 pub struct ConcurrentIndex {
     root: NodeRef,
     registry: Registry,
-    workers: Box<[RwLock<FMap<WorkerKey, Arc<WorkerEntry>>>]>,
+    workers: Box<[WorkerShard]>,
     counters: Counters,
     /// Counters of removed workers.
     retired: Mutex<IndexStats>,
@@ -124,7 +127,7 @@ impl ConcurrentIndex {
         id
     }
 
-    fn shard(&self, w: WorkerKey) -> &RwLock<FMap<WorkerKey, Arc<WorkerEntry>>> {
+    fn shard(&self, w: WorkerKey) -> &WorkerShard {
         &self.workers[shard_of(w)]
     }
 
