@@ -509,6 +509,29 @@ mod tests {
     }
 
     #[test]
+    fn overlap_weight_trades_balance_for_hits_up_to_the_bound() {
+        let w = workload();
+        let mut c = cfg(4000);
+        c.workers = 8;
+        let bound = w.infinite_cache_hit_rate();
+        let kv = |weight: f64| {
+            let mut c = c;
+            c.cost.overlap_weight = weight;
+            let ix = ConcurrentIndex::new();
+            run(&w, &c, PolicyKind::KvAware, Some(&ix)).outcome
+        };
+        let (w1, w4) = (kv(1.0), kv(4.0));
+        assert!(w4.hit_rate > w1.hit_rate, "{} {}", w4.hit_rate, w1.hit_rate);
+        assert!(
+            w4.hit_rate >= 0.9 * bound,
+            "{} vs bound {bound}",
+            w4.hit_rate
+        );
+        assert!(w1.load_imbalance <= 1.5, "{}", w1.load_imbalance);
+        assert!(w4.ttft_p50_ms <= w1.ttft_p50_ms);
+    }
+
+    #[test]
     fn bad_settings_are_rejected() {
         let w = workload();
         let mut c = cfg(10);

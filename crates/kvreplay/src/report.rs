@@ -378,7 +378,7 @@ pub fn render_svg(r: &Report) -> String {
             );
             d += 1.0;
         }
-        for q in [0.0, 0.5, 0.99, 1.0] {
+        for q in [0.0, 0.5, 0.9, 1.0] {
             let _ = writeln!(
                 s,
                 r#"<text x="{}" y="{}" text-anchor="end">{q}</text>"#,
@@ -386,6 +386,12 @@ pub fn render_svg(r: &Report) -> String {
                 yp(q) + 4.0
             );
         }
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">latency (log scale); y = fraction of lookups</text>"#,
+            x0 + pw / 2.0,
+            y0 + ph + 30.0
+        );
         for (i, run) in runs.iter().enumerate() {
             let c = COLORS[i % COLORS.len()];
             let pts: Vec<String> = run

@@ -454,6 +454,88 @@ mod tests {
         assert!((w.infinite_cache_hit_rate() - 2.0 / 8.0).abs() < 1e-12);
     }
 
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    fn records() -> impl Strategy<Value = Vec<TraceRecord>> {
+        prop::collection::vec((0u32..50, prop::collection::vec(0u64..6, 0..6)), 1..12).prop_map(
+            |v| {
+                v.into_iter()
+                    .map(|(ts, ids)| rec(f64::from(ts), &ids))
+                    .collect()
+            },
+        )
+    }
+
+    /// Longest common prefix.
+    fn lcp(a: &[u64], b: &[u64]) -> usize {
+        a.iter().zip(b).take_while(|(x, y)| x == y).count()
+    }
+
+    proptest! {
+        /// Scaling against a model: every request becomes `d` copies whose
+        /// blocks are each id expanded `k` times; prefix sharing within a
+        /// copy scales by `k`, copies share nothing, arrivals stay sorted.
+        #[test]
+        fn scaling_preserves_prefix_structure(
+            recs in records(),
+            lf in 1usize..4,
+            d in 1usize..4,
+            split in 0u32..3,
+        ) {
+            let s = TraceScaling {
+                length_factor: lf,
+                duplication_factor: d,
+                trace_block_size: 512,
+                block_size: 512 >> split,
+            };
+            let k = (1usize << split) * lf;
+            let w = s.apply("p", &recs).unwrap();
+            prop_assert_eq!(w.requests.len(), recs.len() * d);
+            prop_assert!(w.requests.windows(2).all(|p| p[0].arrival_us <= p[1].arrival_us));
+            // Group copies: requests of copy c come from records in order.
+            let mut sorted: Vec<(usize, &TraceRecord)> = recs.iter().enumerate().collect();
+            sorted.sort_by(|a, b| a.1.timestamp.total_cmp(&b.1.timestamp).then(a.0.cmp(&b.0)));
+            let mut copies: Vec<Vec<&Request>> = vec![Vec::new(); d];
+            for (i, r) in w.requests.iter().enumerate() {
+                copies[i % d].push(r);
+            }
+            for c in &copies {
+                for (r, (_, orig)) in c.iter().zip(&sorted) {
+                    prop_assert_eq!(r.blocks.len(), orig.hash_ids.len() * k);
+                }
+                for i in 0..c.len() {
+                    for j in 0..c.len() {
+                        let want = lcp(&sorted[i].1.hash_ids, &sorted[j].1.hash_ids) * k;
+                        prop_assert_eq!(lcp(&c[i].blocks, &c[j].blocks), want);
+                    }
+                }
+            }
+            let ids: Vec<BTreeSet<u64>> = copies
+                .iter()
+                .map(|c| c.iter().flat_map(|r| r.blocks.iter().copied()).collect())
+                .collect();
+            for a in 0..d {
+                for b in a + 1..d {
+                    prop_assert!(ids[a].is_disjoint(&ids[b]));
+                }
+            }
+            // The infinite-cache bound against a model over whole prefixes.
+            let mut seen: BTreeSet<Vec<u64>> = BTreeSet::new();
+            let (mut hits, mut total) = (0usize, 0usize);
+            for r in &w.requests {
+                for n in 1..=r.blocks.len() {
+                    total += 1;
+                    if !seen.insert(r.blocks[..n].to_vec()) {
+                        hits += 1;
+                    }
+                }
+            }
+            let model = if total == 0 { 0.0 } else { hits as f64 / total as f64 };
+            prop_assert!((w.infinite_cache_hit_rate() - model).abs() < 1e-12);
+        }
+    }
+
     #[test]
     fn bundled_traces_parse_when_present() {
         let p = Path::new("/work/shared/data/mooncake/mooncake_trace_1000.jsonl");
