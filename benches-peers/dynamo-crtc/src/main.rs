@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
-use dynamo_kv_router::indexer::{SyncIndexer, ThreadPoolIndexer};
 use dynamo_kv_router::concurrent_radix_tree_compressed::ConcurrentRadixTreeCompressed;
+use dynamo_kv_router::indexer::{SyncIndexer, ThreadPoolIndexer};
 use dynamo_kv_router::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
     KvCacheStoredBlockData, LocalBlockHash, RouterEvent,
@@ -63,7 +63,10 @@ fn to_dynamo(ev: &KvEvent) -> RouterEvent {
                 .collect(),
         }),
         KvEventData::Removed { hashes } => KvCacheEventData::Removed(KvCacheRemoveData {
-            block_hashes: hashes.iter().map(|h| ExternalSequenceBlockHash(h.0)).collect(),
+            block_hashes: hashes
+                .iter()
+                .map(|h| ExternalSequenceBlockHash(h.0))
+                .collect(),
         }),
         KvEventData::Cleared => KvCacheEventData::Cleared,
     };
@@ -82,7 +85,12 @@ type Lookup = Arc<dyn Fn(usize) -> usize + Send + Sync>;
 
 /// Runs `write` (which must apply every event and return when flushed)
 /// while `readers` threads call `lookup`. Returns (secs, p50 µs, p99 µs).
-fn timed(write: impl FnOnce(), lookup: Lookup, queries: &Arc<Vec<Vec<LocalHash>>>, readers: usize) -> (f64, f64, f64) {
+fn timed(
+    write: impl FnOnce(),
+    lookup: Lookup,
+    queries: &Arc<Vec<Vec<LocalHash>>>,
+    readers: usize,
+) -> (f64, f64, f64) {
     let stop = Arc::new(AtomicBool::new(false));
     let bar = Arc::new(Barrier::new(readers + 1));
     let hs: Vec<_> = (0..readers)
@@ -109,7 +117,13 @@ fn timed(write: impl FnOnce(), lookup: Lookup, queries: &Arc<Vec<Vec<LocalHash>>
     stop.store(true, Ordering::Relaxed);
     let mut lat: Vec<u64> = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
     lat.sort_unstable();
-    let p = |x: f64| if lat.is_empty() { 0.0 } else { lat[((lat.len() - 1) as f64 * x) as usize] as f64 / 1e3 };
+    let p = |x: f64| {
+        if lat.is_empty() {
+            0.0
+        } else {
+            lat[((lat.len() - 1) as f64 * x) as usize] as f64 / 1e3
+        }
+    };
     (secs, p(0.5), p(0.99))
 }
 
@@ -122,34 +136,56 @@ fn main() {
     for w in argv.chunks(2) {
         let v = w.get(1).cloned().unwrap_or_default();
         match w[0].as_str() {
-            "--lanes" | "--threads" => lanes_list = v.split(',').filter_map(|x| x.parse().ok()).collect(),
+            "--lanes" | "--threads" => {
+                lanes_list = v.split(',').filter_map(|x| x.parse().ok()).collect()
+            }
             "--readers" => readers = v.parse().unwrap(),
             "--requests" => requests = v.parse().unwrap(),
             "--workers" => workers = v.parse().unwrap(),
             o => panic!("unknown argument {o}"),
         }
     }
-    let wl = Workload::generate(WorkloadConfig { workers, requests, queries: 4096, ..WorkloadConfig::default() });
+    let wl = Workload::generate(WorkloadConfig {
+        workers,
+        requests,
+        queries: 4096,
+        ..WorkloadConfig::default()
+    });
     let dyn_events: Vec<RouterEvent> = wl.events.iter().map(to_dynamo).collect();
     let queries = Arc::new(wl.queries.clone());
-    let dyn_queries: Arc<Vec<Vec<LocalBlockHash>>> =
-        Arc::new(wl.queries.iter().map(|q| q.iter().map(|h| LocalBlockHash(h.0)).collect()).collect());
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let dyn_queries: Arc<Vec<Vec<LocalBlockHash>>> = Arc::new(
+        wl.queries
+            .iter()
+            .map(|q| q.iter().map(|h| LocalBlockHash(h.0)).collect())
+            .collect(),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     println!(
         "workload: {workers} workers, {} events, {} block ops; {readers} readers; date {}",
         wl.events.len(),
         wl.block_ops,
         std::env::var("BENCH_DATE").unwrap_or_default()
     );
-    println!("{:<12} {:>5} {:>14} {:>9} {:>9}", "index", "lanes", "block ops/s", "p50 µs", "p99 µs");
+    println!(
+        "{:<12} {:>5} {:>14} {:>9} {:>9}",
+        "index", "lanes", "block ops/s", "p50 µs", "p99 µs"
+    );
     for &lanes in &lanes_list {
         // Dynamo CRTC through its ThreadPoolIndexer.
         {
-            let idx = Arc::new(ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), lanes, 16));
+            let idx = Arc::new(ThreadPoolIndexer::new(
+                ConcurrentRadixTreeCompressed::new(),
+                lanes,
+                16,
+            ));
             let evs = dyn_events.clone();
             let i2 = idx.clone();
             let dq = dyn_queries.clone();
-            let lookup: Lookup = Arc::new(move |i: usize| i2.backend().find_matches(&dq[i], false).scores.len());
+            let lookup: Lookup =
+                Arc::new(move |i: usize| i2.backend().find_matches(&dq[i], false).scores.len());
             let (secs, p50, p99) = timed(
                 || {
                     for ev in evs {
@@ -161,7 +197,14 @@ fn main() {
                 &queries,
                 readers,
             );
-            println!("{:<12} {:>5} {:>14.0} {:>9.2} {:>9.2}", "dynamo-crtc", lanes, wl.block_ops as f64 / secs, p50, p99);
+            println!(
+                "{:<12} {:>5} {:>14.0} {:>9.2} {:>9.2}",
+                "dynamo-crtc",
+                lanes,
+                wl.block_ops as f64 / secs,
+                p50,
+                p99
+            );
         }
         for name in ["concurrent", "reference"] {
             let ix: Arc<dyn KvIndexer> = if name == "concurrent" {
@@ -185,7 +228,14 @@ fn main() {
                 &queries,
                 readers,
             );
-            println!("{:<12} {:>5} {:>14.0} {:>9.2} {:>9.2}", name, lanes, wl.block_ops as f64 / secs, p50, p99);
+            println!(
+                "{:<12} {:>5} {:>14.0} {:>9.2} {:>9.2}",
+                name,
+                lanes,
+                wl.block_ops as f64 / secs,
+                p50,
+                p99
+            );
         }
     }
 
@@ -196,7 +246,11 @@ fn main() {
         for ev in &wl.events {
             let _ = ours.apply(ev);
         }
-        held = ours.workers().iter().map(|w| ours.worker_block_count(*w)).sum();
+        held = ours
+            .workers()
+            .iter()
+            .map(|w| ours.worker_block_count(*w))
+            .sum();
     }
     let before = LIVE.load(Ordering::Relaxed);
     let crtc = ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), 1, 16);
@@ -215,9 +269,15 @@ fn main() {
     for (q, dq) in wl.queries.iter().zip(dyn_queries.iter()) {
         let a = ours.find_matches(q);
         let b = crtc.backend().find_matches(dq, false);
-        let mut bs: Vec<(u64, u32, u32)> = b.scores.iter().map(|(w, s)| (w.worker_id, w.dp_rank, *s)).filter(|x| x.2 > 0).collect();
+        let mut bs: Vec<(u64, u32, u32)> = b
+            .scores
+            .iter()
+            .map(|(w, s)| (w.worker_id, w.dp_rank, *s))
+            .filter(|x| x.2 > 0)
+            .collect();
         bs.sort_unstable();
-        let mut as_: Vec<(u64, u32, u32)> = a.iter().map(|(w, s)| (w.worker_id, w.dp_rank, s)).collect();
+        let mut as_: Vec<(u64, u32, u32)> =
+            a.iter().map(|(w, s)| (w.worker_id, w.dp_rank, s)).collect();
         as_.sort_unstable();
         if as_ != bs {
             mismatches += 1;
@@ -228,5 +288,8 @@ fn main() {
         dyn_bytes as f64 / held as f64,
         our_bytes as f64 / held as f64
     );
-    println!("agreement: {mismatches} of {} queries differ between dynamo-crtc and concurrent", wl.queries.len());
+    println!(
+        "agreement: {mismatches} of {} queries differ between dynamo-crtc and concurrent",
+        wl.queries.len()
+    );
 }

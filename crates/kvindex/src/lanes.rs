@@ -18,7 +18,7 @@ enum Msg {
 
 /// N writer lanes (threads) in front of any [`KvIndexer`]; each worker is
 /// hashed to a fixed lane. Dropping `Lanes` drains and joins the threads.
-pub struct Lanes<I: KvIndexer + 'static> {
+pub struct Lanes<I: KvIndexer + ?Sized + 'static> {
     index: Arc<I>,
     senders: Vec<Sender<Msg>>,
     threads: Vec<JoinHandle<()>>,
@@ -32,7 +32,7 @@ pub fn lane_of(w: WorkerKey, lanes: usize) -> usize {
     (h % lanes.max(1) as u64) as usize
 }
 
-impl<I: KvIndexer + 'static> Lanes<I> {
+impl<I: KvIndexer + ?Sized + 'static> Lanes<I> {
     /// Starts `lanes` writer threads (at least one) over `index`.
     pub fn new(index: Arc<I>, lanes: usize) -> Self {
         let lanes = lanes.max(1);
@@ -118,7 +118,7 @@ impl<I: KvIndexer + 'static> Lanes<I> {
     }
 }
 
-impl<I: KvIndexer + 'static> Drop for Lanes<I> {
+impl<I: KvIndexer + ?Sized + 'static> Drop for Lanes<I> {
     fn drop(&mut self) {
         self.senders.clear();
         for t in self.threads.drain(..) {
