@@ -203,7 +203,8 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 1, value_parser = lanes, help_heading = "Index stress replay")]
     pub query_lanes: usize,
 
-    /// Index implementations to compare (comma-separated).
+    /// Index implementations to compare (comma-separated); `null` does
+    /// nothing and shows the harness's own ceiling.
     #[arg(long, value_delimiter = ',', default_values_t = IndexImpl::ALL, help_heading = "Index stress replay")]
     pub impls: Vec<IndexImpl>,
 

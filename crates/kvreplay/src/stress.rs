@@ -41,10 +41,12 @@ pub enum IndexImpl {
     Ours,
     /// `kvindex::ReferenceIndex` (one lock around a sequential tree).
     Reference,
+    /// An index that does nothing: calibrates the harness's own ceiling.
+    Null,
 }
 
 impl IndexImpl {
-    /// Both, ours first.
+    /// The real implementations, ours first.
     pub const ALL: [IndexImpl; 2] = [IndexImpl::Ours, IndexImpl::Reference];
 
     /// CLI/report name.
@@ -52,6 +54,7 @@ impl IndexImpl {
         match self {
             IndexImpl::Ours => "ours",
             IndexImpl::Reference => "reference",
+            IndexImpl::Null => "null",
         }
     }
 
@@ -60,6 +63,7 @@ impl IndexImpl {
         match self {
             IndexImpl::Ours => Arc::new(ConcurrentIndex::new()),
             IndexImpl::Reference => Arc::new(ReferenceIndex::new()),
+            IndexImpl::Null => Arc::new(NullIndex),
         }
     }
 }
@@ -70,15 +74,37 @@ impl fmt::Display for IndexImpl {
     }
 }
 
+/// Accepts every event and matches nothing.
+struct NullIndex;
+
+impl KvIndexer for NullIndex {
+    fn apply(&self, _ev: &KvEvent) -> Result<(), kvindex::ApplyError> {
+        Ok(())
+    }
+    fn find_matches(&self, _hashes: &[LocalHash]) -> kvindex::OverlapScores {
+        kvindex::OverlapScores::new()
+    }
+    fn worker_block_count(&self, _w: kvindex::WorkerKey) -> usize {
+        0
+    }
+    fn remove_worker(&self, _w: kvindex::WorkerKey) {}
+    fn dump(&self) -> Vec<KvEvent> {
+        Vec::new()
+    }
+    fn name(&self) -> &'static str {
+        "null"
+    }
+}
+
 /// An unknown implementation name.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("unknown index implementation {0:?}; expected ours or reference")]
+#[error("unknown index implementation {0:?}; expected ours, reference or null")]
 pub struct UnknownImpl(pub String);
 
 impl FromStr for IndexImpl {
     type Err = UnknownImpl;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        IndexImpl::ALL
+        [IndexImpl::Ours, IndexImpl::Reference, IndexImpl::Null]
             .into_iter()
             .find(|p| p.name() == s)
             .ok_or_else(|| UnknownImpl(s.to_string()))
@@ -491,7 +517,7 @@ mod tests {
                 TimelineEntry::Event(_) => e += 1,
             }
         }
-        for index in IndexImpl::ALL {
+        for index in [IndexImpl::Ours, IndexImpl::Reference, IndexImpl::Null] {
             let cfg = StressConfig {
                 window_ms: 200,
                 event_lanes: 2,
