@@ -132,6 +132,7 @@ fn main() {
     let mut readers = 4usize;
     let mut requests = 100_000usize;
     let mut workers = 128usize;
+    let mut repeats = 5usize;
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for w in argv.chunks(2) {
         let v = w.get(1).cloned().unwrap_or_default();
@@ -142,6 +143,7 @@ fn main() {
             "--readers" => readers = v.parse().unwrap(),
             "--requests" => requests = v.parse().unwrap(),
             "--workers" => workers = v.parse().unwrap(),
+            "--repeats" => repeats = v.parse().unwrap(),
             o => panic!("unknown argument {o}"),
         }
     }
@@ -164,7 +166,7 @@ fn main() {
         .build()
         .unwrap();
     println!(
-        "workload: {workers} workers, {} events, {} block ops; {readers} readers; date {}",
+        "workload: {workers} workers, {} events, {} block ops; {readers} readers; medians of {repeats} interleaved runs; {}",
         wl.events.len(),
         wl.block_ops,
         std::env::var("BENCH_DATE").unwrap_or_default()
@@ -173,9 +175,10 @@ fn main() {
         "{:<12} {:>5} {:>14} {:>9} {:>9}",
         "index", "lanes", "block ops/s", "p50 µs", "p99 µs"
     );
-    for &lanes in &lanes_list {
-        // Dynamo CRTC through its ThreadPoolIndexer.
-        {
+    let names = ["dynamo-crtc", "concurrent", "reference"];
+    let run_one = |name: &str, lanes: usize| -> (f64, f64, f64) {
+        let (secs, p50, p99) = if name == "dynamo-crtc" {
+            // Dynamo CRTC through its ThreadPoolIndexer.
             let idx = Arc::new(ThreadPoolIndexer::new(
                 ConcurrentRadixTreeCompressed::new(),
                 lanes,
@@ -186,7 +189,7 @@ fn main() {
             let dq = dyn_queries.clone();
             let lookup: Lookup =
                 Arc::new(move |i: usize| i2.backend().find_matches(&dq[i], false).scores.len());
-            let (secs, p50, p99) = timed(
+            timed(
                 || {
                     for ev in evs {
                         idx.enqueue_event(ev).unwrap();
@@ -196,17 +199,8 @@ fn main() {
                 lookup,
                 &queries,
                 readers,
-            );
-            println!(
-                "{:<12} {:>5} {:>14.0} {:>9.2} {:>9.2}",
-                "dynamo-crtc",
-                lanes,
-                wl.block_ops as f64 / secs,
-                p50,
-                p99
-            );
-        }
-        for name in ["concurrent", "reference"] {
+            )
+        } else {
             let ix: Arc<dyn KvIndexer> = if name == "concurrent" {
                 Arc::new(ConcurrentIndex::new())
             } else {
@@ -217,7 +211,7 @@ fn main() {
             let i2 = ix.clone();
             let q2 = queries.clone();
             let lookup: Lookup = Arc::new(move |i: usize| i2.find_matches(&q2[i]).len());
-            let (secs, p50, p99) = timed(
+            timed(
                 || {
                     for ev in evs {
                         l.submit(ev);
@@ -227,16 +221,35 @@ fn main() {
                 lookup,
                 &queries,
                 readers,
-            );
-            println!(
-                "{:<12} {:>5} {:>14.0} {:>9.2} {:>9.2}",
-                name,
-                lanes,
-                wl.block_ops as f64 / secs,
-                p50,
-                p99
-            );
+            )
+        };
+        (wl.block_ops as f64 / secs, p50, p99)
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    for &lanes in &lanes_list {
+        let mut res: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); names.len()];
+        // Interleave the indexes so load changes on a shared machine hit all.
+        for _ in 0..repeats.max(1) {
+            for (i, name) in names.iter().enumerate() {
+                res[i].push(run_one(name, lanes));
+            }
         }
+        let mut ops = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let o = median(res[i].iter().map(|r| r.0).collect());
+            let p50 = median(res[i].iter().map(|r| r.1).collect());
+            let p99 = median(res[i].iter().map(|r| r.2).collect());
+            ops.push(o);
+            println!("{:<12} {:>5} {:>14.0} {:>9.2} {:>9.2}", name, lanes, o, p50, p99);
+        }
+        println!(
+            "lanes {lanes}: concurrent / dynamo-crtc = {:.2}x, concurrent / reference = {:.2}x",
+            ops[1] / ops[0],
+            ops[1] / ops[2]
+        );
     }
 
     // Memory and agreement: populate each index on one lane, no readers.
@@ -283,6 +296,24 @@ fn main() {
             mismatches += 1;
         }
     }
+    // Steady-state lookups (no writers), one thread, every query 5 times.
+    let lat = |f: &dyn Fn(usize) -> usize| {
+        let mut v = Vec::new();
+        for _ in 0..5 {
+            for i in 0..wl.queries.len() {
+                let t = Instant::now();
+                std::hint::black_box(f(i));
+                v.push(t.elapsed().as_nanos() as f64 / 1e3);
+            }
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        (v[v.len() / 2], v[v.len() * 99 / 100])
+    };
+    let (d50, d99) = lat(&|i| crtc.backend().find_matches(&dyn_queries[i], false).scores.len());
+    let (o50, o99) = lat(&|i| ours.find_matches(&wl.queries[i]).len());
+    println!(
+        "steady-state lookup p50/p99 µs (populated, no writers): dynamo-crtc {d50:.2}/{d99:.2}, concurrent {o50:.2}/{o99:.2}"
+    );
     println!(
         "memory: {held} held blocks; bytes per stored block: dynamo-crtc {:.1}, concurrent {:.1} (includes the 1-lane ThreadPoolIndexer's own state)",
         dyn_bytes as f64 / held as f64,
