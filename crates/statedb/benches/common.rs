@@ -73,3 +73,49 @@ pub(crate) fn pct(sorted: &[u64], p: f64) -> u64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i]
 }
+
+/// On-CPU time of the calling thread (from `/proc/thread-self/schedstat`), so
+/// figures hold up on a machine shared with other work: time spent
+/// descheduled is not counted. Selected with `STATEDB_BENCH_CPU=1`.
+pub(crate) struct CpuTime {
+    wall: criterion::measurement::WallTime,
+}
+
+impl CpuTime {
+    pub(crate) fn new() -> Self {
+        CpuTime {
+            wall: criterion::measurement::WallTime,
+        }
+    }
+}
+
+/// Nanoseconds the calling thread has run.
+pub(crate) fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
+        .unwrap_or(0)
+}
+
+impl criterion::measurement::Measurement for CpuTime {
+    type Intermediate = u64;
+    type Value = std::time::Duration;
+    fn start(&self) -> u64 {
+        thread_cpu_ns()
+    }
+    fn end(&self, i: u64) -> std::time::Duration {
+        std::time::Duration::from_nanos(thread_cpu_ns().saturating_sub(i))
+    }
+    fn add(&self, a: &std::time::Duration, b: &std::time::Duration) -> std::time::Duration {
+        *a + *b
+    }
+    fn zero(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+    fn to_f64(&self, v: &std::time::Duration) -> f64 {
+        v.as_nanos() as f64
+    }
+    fn formatter(&self) -> &dyn criterion::measurement::ValueFormatter {
+        self.wall.formatter()
+    }
+}

@@ -3,7 +3,8 @@
 //! 1000 objects unless the name says otherwise.
 //!
 //! `cargo bench -p statedb --bench statedb` runs all; add `-- WriteTxn` to
-//! filter. PropagationDelay and KV95 are custom mains: `--bench propagation`,
+//! filter. `STATEDB_BENCH_CPU=1` measures the bench thread's on-CPU time
+//! instead of wall time (for a machine shared with other work). PropagationDelay and KV95 are custom mains: `--bench propagation`,
 //! `--bench kv95`.
 
 mod common;
@@ -12,13 +13,14 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use common::*;
+use criterion::measurement::Measurement;
 use criterion::{BatchSize, Criterion, Throughput};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 const N: u64 = 1000;
 
-fn write_txn_batch(c: &mut Criterion, name: &str, batch: u64, secondary: bool) {
+fn write_txn_batch<M: Measurement>(c: &mut Criterion<M>, name: &str, batch: u64, secondary: bool) {
     let b = new_db(secondary);
     let mk = if secondary { tagged } else { obj };
     let mut g = c.benchmark_group("statedb");
@@ -45,7 +47,7 @@ fn shuffled(n: u64) -> Vec<u64> {
     ids
 }
 
-fn benches(c: &mut Criterion) {
+fn benches<M: Measurement>(c: &mut Criterion<M>) {
     write_txn_batch(c, "WriteTxn_1", 1, false);
     write_txn_batch(c, "WriteTxn_10", 10, false);
     write_txn_batch(c, "WriteTxn_100", 100, false);
@@ -179,11 +181,17 @@ fn benches(c: &mut Criterion) {
 }
 
 fn main() {
-    let mut c = Criterion::default()
+    let c = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
-        .sample_size(20)
-        .configure_from_args();
-    benches(&mut c);
-    c.final_summary();
+        .sample_size(20);
+    if std::env::var_os("STATEDB_BENCH_CPU").is_some_and(|v| v == "1") {
+        let mut c = c.with_measurement(CpuTime::new()).configure_from_args();
+        benches(&mut c);
+        c.final_summary();
+    } else {
+        let mut c = c.configure_from_args();
+        benches(&mut c);
+        c.final_summary();
+    }
 }

@@ -32,13 +32,7 @@ impl Tracker {
     }
 }
 
-/// The revision in a revision-index or graveyard key.
-pub(crate) fn decode_rev(k: &[u8]) -> Revision {
-    let mut b = [0u8; 8];
-    let n = k.len().min(8);
-    b[..n].copy_from_slice(&k[..n]);
-    u64::from_be_bytes(b)
-}
+pub(crate) use crate::key::decode_rev;
 
 /// What happened to an object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -139,7 +133,7 @@ impl<T: Storable> Changes<T> {
         if root.revision <= self.pos {
             return Ok((Vec::new(), watch));
         }
-        let from = Scan::LowerBound((self.pos + 1).to_be_bytes().to_vec());
+        let from = Scan::LowerBound(crate::key::rev_key(self.pos + 1).to_vec());
         let mut live = root.revisions.scan(&from, false).peekable();
         let mut dead = root.graveyard.scan(&from, false).peekable();
         let mut out = Vec::new();

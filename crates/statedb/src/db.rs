@@ -252,10 +252,21 @@ impl Db {
         metas.dedup_by_key(|m| m.id);
         let mut locked = SmallVec::with_capacity(metas.len());
         for m in metas {
-            let t0 = Instant::now();
-            let guard = m.lock.lock_arc();
-            let acquired = Instant::now();
-            m.metrics.lock_waited(acquired - t0);
+            // Uncontended: no clock read for the wait.
+            let (guard, acquired) = match m.lock.try_lock_arc() {
+                Some(g) => {
+                    let now = Instant::now();
+                    m.metrics.lock_waited(Duration::ZERO);
+                    (g, now)
+                }
+                None => {
+                    let t0 = Instant::now();
+                    let g = m.lock.lock_arc();
+                    let now = Instant::now();
+                    m.metrics.lock_waited(now - t0);
+                    (g, now)
+                }
+            };
             locked.push(Locked {
                 meta: m.clone(),
                 guard,
@@ -360,7 +371,7 @@ impl DbInner {
             figures.push((i, f.objects, f.revision, f.graveyard));
             drop(f.notify);
         }
-        let took = start.elapsed();
+        let took = released - start;
         for (i, objects, revision, graveyard) in figures {
             metas[i]
                 .metrics

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use smallvec::SmallVec;
 
-use crate::key::{escape_nonunique, escape_prefix, Key};
+use crate::key::{expand, expand_escaped, Key};
 
 /// The encoded keys of one object in one index: one buffer, end offsets.
 #[derive(Default, Debug, Clone)]
@@ -43,6 +43,12 @@ impl KeyBuf {
     pub(crate) fn contains(&self, k: &[u8]) -> bool {
         self.iter().any(|x| x == k)
     }
+}
+
+thread_local! {
+    /// (encoded key, stored key) scratch buffers for point lookups.
+    static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<u8>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 type KeyFn<T> = dyn Fn(&T, &mut KeyBuf) + Send + Sync;
@@ -209,13 +215,39 @@ impl<T, K> Index<T, K> {
         K: Borrow<Q>,
     {
         let plain = q.to_key();
+        let mut out = Vec::with_capacity(plain.len() * 2 + 4);
         if self.is_unique() {
-            plain
+            expand(&plain, &mut out);
         } else {
-            let mut out = Vec::with_capacity(plain.len() + 2);
-            escape_nonunique(&plain, &mut out);
-            out
+            expand_escaped(&plain, true, &mut out);
         }
+        out
+    }
+
+    /// Runs `f` on the stored-key form of a point query, built in a
+    /// per-thread buffer (no allocation on the lookup path).
+    #[inline]
+    pub(crate) fn with_point<Q, R>(&self, q: &Q, f: impl FnOnce(&[u8]) -> R) -> R
+    where
+        K: Borrow<Q>,
+        Q: Key + ?Sized,
+    {
+        SCRATCH.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut bufs) => {
+                let (raw, out) = &mut *bufs;
+                raw.clear();
+                out.clear();
+                q.encode(raw);
+                if self.is_unique() {
+                    expand(raw, out);
+                } else {
+                    expand_escaped(raw, true, out);
+                }
+                f(out)
+            }
+            // Re-entered (a key encoder that queries): allocate instead.
+            Err(_) => f(&self.point(q)),
+        })
     }
 
     /// The stored-key form of a prefix query.
@@ -224,12 +256,12 @@ impl<T, K> Index<T, K> {
         K: Borrow<Q>,
     {
         let plain = q.to_key();
+        let mut out = Vec::with_capacity(plain.len() * 2 + 4);
         if self.is_unique() {
-            plain
+            expand(&plain, &mut out);
         } else {
-            let mut out = Vec::with_capacity(plain.len() + 2);
-            escape_prefix(&plain, &mut out);
-            out
+            expand_escaped(&plain, false, &mut out);
         }
+        out
     }
 }

@@ -21,6 +21,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use smallvec::SmallVec;
+
 use crate::Error;
 
 /// A value that can be an index key.
@@ -59,11 +61,68 @@ pub fn escape_nonunique(key: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(&[0, 0]);
 }
 
-/// The escaped form of `key` without the terminator: a prefix of the escaped
-/// form of every key starting with `key`, and of no other.
-pub(crate) fn escape_prefix(key: &[u8], out: &mut Vec<u8>) {
-    escape_nonunique(key, out);
-    out.truncate(out.len() - 2);
+/// Whether stored keys are nibble-expanded (see the design doc: a node then
+/// has at most 16 children, so copying it on write bumps at most 16
+/// reference counts instead of up to 256).
+pub(crate) const NIBBLES: bool = true;
+
+/// How many stored bytes one encoded byte takes.
+pub(crate) const STORED_PER_BYTE: usize = if NIBBLES { 2 } else { 1 };
+
+/// Appends the stored form of an encoded key: each byte as its high and low
+/// nibble. Order- and prefix-preserving.
+#[inline]
+pub(crate) fn expand(raw: &[u8], out: &mut Vec<u8>) {
+    if NIBBLES {
+        out.reserve(raw.len() * 2);
+        for &b in raw {
+            out.push(b >> 4);
+            out.push(b & 0xf);
+        }
+    } else {
+        out.extend_from_slice(raw);
+    }
+}
+
+/// Appends the stored form of `escape_nonunique(raw)` (terminated or, for
+/// prefix queries, not).
+pub(crate) fn expand_escaped(raw: &[u8], terminate: bool, out: &mut Vec<u8>) {
+    out.reserve(raw.len() * STORED_PER_BYTE + 4);
+    for &b in raw {
+        expand(&[b], out);
+        if b == 0 {
+            expand(&[0xff], out);
+        }
+    }
+    if terminate {
+        expand(&[0, 0], out);
+    }
+}
+
+/// The stored key of a revision in the revision index and graveyard.
+#[inline]
+pub(crate) fn rev_key(r: u64) -> SmallVec<[u8; 16]> {
+    let b = r.to_be_bytes();
+    if NIBBLES {
+        b.iter().flat_map(|&x| [x >> 4, x & 0xf]).collect()
+    } else {
+        SmallVec::from_slice(&b)
+    }
+}
+
+/// The revision of a revision-index or graveyard key.
+pub(crate) fn decode_rev(k: &[u8]) -> u64 {
+    let mut r = 0u64;
+    if NIBBLES {
+        for &n in k.iter().take(16) {
+            r = (r << 4) | (n & 0xf) as u64;
+        }
+    } else {
+        for &b in k.iter().take(8) {
+            r = (r << 8) | b as u64;
+        }
+    }
+    r
 }
 
 macro_rules! unsigned {

@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use crate::changes::Tracker;
 use crate::index::{AnyIndex, Index, KeyBuf};
-use crate::key::{escape_nonunique, Key};
+use crate::key::{expand, expand_escaped, rev_key, Key, STORED_PER_BYTE};
 use crate::metrics::TableMetrics;
 use crate::object::Object;
 use crate::txn::{ReadTxn, TxnRead, WriteTxn};
@@ -237,6 +237,8 @@ pub struct TableTxn<T> {
     pub(crate) track_deletes: bool,
     new_keys: Vec<KeyBuf>,
     old_keys: KeyBuf,
+    /// The stored primary key of the object being written.
+    pk: Vec<u8>,
     scratch: Vec<u8>,
 }
 
@@ -265,19 +267,22 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
     }
     fn finish(self: Box<Self>) -> Finished {
         let me = *self;
-        let mut notify: Vec<Box<dyn Send>> = Vec::with_capacity(me.indexes.len() + 3);
+        let mut notify = TableNotifier::<T> {
+            trees: SmallVec::new(),
+            init: None,
+        };
         let mut indexes = SmallVec::with_capacity(me.indexes.len());
         for t in me.indexes {
             let (tree, n) = t.commit_only();
             indexes.push(tree);
-            notify.push(Box::new(n));
+            notify.trees.push(n);
         }
         let (revisions, n) = me.revisions.commit_only();
-        notify.push(Box::new(n));
+        notify.trees.push(n);
         let (graveyard, n) = me.graveyard.commit_only();
-        notify.push(Box::new(n));
+        notify.trees.push(n);
         let (init, n) = me.init.commit_only();
-        notify.push(Box::new(n));
+        notify.init = Some(n);
         let root = TableRoot {
             indexes,
             revisions,
@@ -296,6 +301,13 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
     }
 }
 
+/// Every part notifier of one table's commit: one allocation, dropped
+/// (firing the watches) after the new root is published.
+struct TableNotifier<T> {
+    trees: SmallVec<[part::Notifier<Obj<T>>; 4]>,
+    init: Option<part::Notifier<()>>,
+}
+
 fn check_len(index: &AnyIndex<impl Sized>, len: usize) -> Result<()> {
     if len > part::MAX_KEY_LEN {
         Err(Error::KeyTooLong {
@@ -310,15 +322,15 @@ fn check_len(index: &AnyIndex<impl Sized>, len: usize) -> Result<()> {
 
 /// The stored key of `k` in index `idx`: the key (unique) or
 /// `escape(k) ++ pk` (non-unique).
-fn stored<'b>(unique: bool, k: &'b [u8], pk: &[u8], scratch: &'b mut Vec<u8>) -> &'b [u8] {
+fn stored<'b>(unique: bool, k: &[u8], pk: &[u8], scratch: &'b mut Vec<u8>) -> &'b [u8] {
+    scratch.clear();
     if unique {
-        k
+        expand(k, scratch);
     } else {
-        scratch.clear();
-        escape_nonunique(k, scratch);
-        scratch.extend_from_slice(pk);
-        scratch
+        expand_escaped(k, true, scratch);
+        expand(pk, scratch);
     }
+    scratch
 }
 
 impl<T: Storable> TableTxn<T> {
@@ -333,6 +345,7 @@ impl<T: Storable> TableTxn<T> {
             track_deletes,
             new_keys: vec![KeyBuf::default(); root.indexes.len()],
             old_keys: KeyBuf::default(),
+            pk: Vec::new(),
             scratch: Vec::new(),
         }
     }
@@ -348,8 +361,10 @@ impl<T: Storable> TableTxn<T> {
     ) -> Result<Option<Obj<T>>> {
         let idx = &t.indexes;
         idx[0].keys_of(&value, &mut self.new_keys[0]);
-        check_len(&idx[0], self.new_keys[0].get(0).len())?;
-        let old = self.indexes[0].get(self.new_keys[0].get(0)).cloned();
+        check_len(&idx[0], self.new_keys[0].get(0).len() * STORED_PER_BYTE)?;
+        self.pk.clear();
+        expand(self.new_keys[0].get(0), &mut self.pk);
+        let old = self.indexes[0].get(&self.pk).cloned();
         if let Some(expected) = cas {
             match &old {
                 None => return Err(Error::ObjectNotFound),
@@ -379,9 +394,10 @@ impl<T: Storable> TableTxn<T> {
                 } else {
                     k.len() + k.iter().filter(|&&b| b == 0).count() + 2 + pk_len
                 };
-                check_len(ix, len)?;
+                check_len(ix, len * STORED_PER_BYTE)?;
                 if ix.is_unique() {
-                    if let Some(e) = self.indexes[i].get(k) {
+                    let s = stored(true, k, &[], &mut self.scratch);
+                    if let Some(e) = self.indexes[i].get(s) {
                         if old.as_ref().is_none_or(|o| !Arc::ptr_eq(e, o)) {
                             return Err(Error::UniqueConflict {
                                 table: t.meta.name.clone(),
@@ -398,11 +414,11 @@ impl<T: Storable> TableTxn<T> {
         let created = old.as_ref().map_or(rev, |o| o.created_revision());
         let obj = Arc::new(Object::new(value, rev, created));
         let pk = self.new_keys[0].get(0);
-        self.indexes[0].insert(pk, obj.clone())?;
+        self.indexes[0].insert(&self.pk, obj.clone())?;
         if let Some(o) = &old {
-            self.revisions.delete(&o.revision().to_be_bytes());
+            self.revisions.delete(&rev_key(o.revision()));
         }
-        self.revisions.insert(&rev.to_be_bytes(), obj.clone())?;
+        self.revisions.insert(&rev_key(rev), obj.clone())?;
         for (i, ix) in idx.iter().enumerate().skip(1) {
             let unique = ix.is_unique();
             if let Some(o) = &old {
@@ -429,7 +445,9 @@ impl<T: Storable> TableTxn<T> {
         pk: &[u8],
         cas: Option<Revision>,
     ) -> Result<Option<Obj<T>>> {
-        let Some(old) = self.indexes[0].get(pk).cloned() else {
+        self.pk.clear();
+        expand(pk, &mut self.pk);
+        let Some(old) = self.indexes[0].get(&self.pk).cloned() else {
             return match cas {
                 Some(_) => Err(Error::ObjectNotFound),
                 None => Ok(None),
@@ -443,8 +461,8 @@ impl<T: Storable> TableTxn<T> {
                 });
             }
         }
-        self.indexes[0].delete(pk);
-        self.revisions.delete(&old.revision().to_be_bytes());
+        self.indexes[0].delete(&self.pk);
+        self.revisions.delete(&rev_key(old.revision()));
         for (i, ix) in t.indexes.iter().enumerate().skip(1) {
             ix.keys_of(old.value(), &mut self.old_keys);
             for k in self.old_keys.iter() {
@@ -455,7 +473,7 @@ impl<T: Storable> TableTxn<T> {
         self.revision += 1;
         if self.track_deletes {
             self.graveyard
-                .insert(&self.revision.to_be_bytes(), old.clone())?;
+                .insert(&rev_key(self.revision), old.clone())?;
         }
         Ok(Some(old))
     }
@@ -470,7 +488,7 @@ impl<T: Storable> TableTxn<T> {
             let all: Vec<Obj<T>> = self.indexes[0].iter().map(|(_, v)| v.clone()).collect();
             for o in all {
                 self.revision += 1;
-                self.graveyard.insert(&self.revision.to_be_bytes(), o)?;
+                self.graveyard.insert(&rev_key(self.revision), o)?;
             }
         } else {
             self.revision += n as u64;
@@ -635,12 +653,15 @@ impl<T: Storable> Table<T> {
     {
         let pos = self.pos(idx)?;
         let tree = txn.view(self)?.index(pos);
-        let k = idx.point(key);
-        Ok(if idx.is_unique() {
-            tree.get(&k)
-        } else {
-            tree.scan(&Scan::Prefix(k), false).next().map(|(_, v)| v)
-        })
+        Ok(idx.with_point(key, |k| {
+            if idx.is_unique() {
+                tree.get(k)
+            } else {
+                tree.scan(&Scan::Prefix(k.to_vec()), false)
+                    .next()
+                    .map(|(_, v)| v)
+            }
+        }))
     }
 
     /// [`Table::get`] and a watch that fires when its result may change.
@@ -656,13 +677,14 @@ impl<T: Storable> Table<T> {
     {
         let pos = self.pos(idx)?;
         let tree = &txn.root(self)?.indexes[pos];
-        let k = idx.point(key);
-        Ok(if idx.is_unique() {
-            tree.get_watch(&k)
-        } else {
-            let (mut it, w) = tree.prefix_watch(&k);
-            (it.next().map(|(_, v)| v), w)
-        })
+        Ok(idx.with_point(key, |k| {
+            if idx.is_unique() {
+                tree.get_watch(k)
+            } else {
+                let (mut it, w) = tree.prefix_watch(k);
+                (it.next().map(|(_, v)| v), w)
+            }
+        }))
     }
 
     /// Every object under `key`, by primary key (at most one on a unique
@@ -822,7 +844,7 @@ impl<T: Storable> Table<T> {
             it: txn
                 .view(self)?
                 .revisions()
-                .scan(&Scan::LowerBound(from.to_be_bytes().to_vec()), false),
+                .scan(&Scan::LowerBound(rev_key(from).to_vec()), false),
         })
     }
 
@@ -838,7 +860,7 @@ impl<T: Storable> Table<T> {
             Objects {
                 it: root
                     .revisions
-                    .scan(&Scan::LowerBound(from.to_be_bytes().to_vec()), false),
+                    .scan(&Scan::LowerBound(rev_key(from).to_vec()), false),
             },
             root.revisions.root_watch(),
         ))
