@@ -26,9 +26,10 @@ pub struct Lanes<I: KvIndexer + ?Sized + 'static> {
 
 /// The lane a worker's events go to, for `lanes` lanes.
 pub fn lane_of(w: WorkerKey, lanes: usize) -> usize {
-    let h = xxhash_rust::xxh3::xxh3_64(
-        &[w.worker_id.to_le_bytes(), (w.dp_rank as u64).to_le_bytes()].concat(),
-    );
+    let mut b = [0u8; 12];
+    b[..8].copy_from_slice(&w.worker_id.to_le_bytes());
+    b[8..].copy_from_slice(&w.dp_rank.to_le_bytes());
+    let h = xxhash_rust::xxh3::xxh3_64(&b);
     (h % lanes.max(1) as u64) as usize
 }
 

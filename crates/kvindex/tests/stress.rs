@@ -95,6 +95,7 @@ fn stress(seed: u64, workers: u64, per_worker: usize, alphabet: u64, lanes: usiz
     let st = lanes.stats();
     assert_eq!(st.events_applied, (keys.len() * per_worker) as u64);
     let shape = index.tree_shape();
+    eprintln!("stress seed={seed}: final shape {shape:?}");
     assert_eq!(shape.empty_leaves, 0, "{shape:?}");
     let held: usize = s.model.workers.values().map(|w| w.held.len()).sum();
     assert_eq!(shape.holder_blocks, held);

@@ -235,12 +235,17 @@ impl ConcurrentIndex {
                 parent: Some(arc_of(&x)),
                 link: None,
             }));
+            // Publish the leaf while holding its write lock, then release
+            // the (possibly shared, hot) parent before filling the run and
+            // the worker's map: nobody can observe the leaf until its run is
+            // complete, and the parent is locked only for the insertion.
             let mut lg = leaf.write_arc();
-            let mut run = Run::new();
-            let n = self.take_run(ws, &leaf, start, blocks, i, &mut run);
-            lg.blocks = run;
             x.children.insert(b.local, Arc::clone(&leaf));
             drop(x);
+            let mut run = Run::new();
+            let n = self.take_run(ws, &leaf, start, blocks, i, &mut run);
+            debug_assert!(n > 0);
+            lg.blocks = run;
             stored += n as u64;
             i += n;
             next = lg.blocks.len();
@@ -270,17 +275,21 @@ impl ConcurrentIndex {
     ) -> usize {
         let mut n = 0;
         let mut depth = start;
+        run.reserve(blocks.len() - i);
+        ws.blocks.reserve(blocks.len() - i);
         while let Some(bb) = blocks.get(i + n) {
-            if (depth as u64) >= MAX_DEPTH || ws.blocks.contains_key(&bb.external) {
+            if (depth as u64) >= MAX_DEPTH {
                 break;
             }
-            ws.blocks.insert(
-                bb.external,
-                Loc {
-                    node: Arc::clone(node),
-                    depth,
-                },
-            );
+            match ws.blocks.entry(bb.external) {
+                hashbrown::hash_map::Entry::Occupied(_) => break,
+                hashbrown::hash_map::Entry::Vacant(v) => {
+                    v.insert(Loc {
+                        node: Arc::clone(node),
+                        depth,
+                    });
+                }
+            }
             run.push(bb.local);
             n += 1;
             depth += 1;
@@ -410,11 +419,16 @@ impl ConcurrentIndex {
             drop(g);
             let p = arc_of(&pg);
             let p_dead_leaf = !self.is_root(&p) && pg.workers.is_empty() && pg.children.is_none();
+            // Only a parent left with a single child can merge; checking
+            // here avoids re-locking busy shared parents for nothing.
+            let p_may_merge = pg.children.single().is_some();
             drop(pg);
             if p_dead_leaf {
                 n = p;
             } else {
-                self.try_merge(&p);
+                if p_may_merge {
+                    self.try_merge(&p);
+                }
                 return;
             }
         }
@@ -478,12 +492,15 @@ impl ConcurrentIndex {
         if start == 0 {
             return;
         }
-        let p = {
+        let (p, may_merge) = {
             let Some(pg) = self.lock_parent(start, hint) else {
                 return;
             };
-            arc_of(&pg)
+            let single = pg.children.single().is_some_and(|c| Arc::ptr_eq(c, n));
+            (arc_of(&pg), single)
         };
-        self.try_merge(&p);
+        if may_merge {
+            self.try_merge(&p);
+        }
     }
 }
