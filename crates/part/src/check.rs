@@ -6,7 +6,7 @@
 //! that node4/node16 keys are sorted and the node48 index is consistent, and
 //! that the tree's length equals its leaf count.
 
-use crate::node::{Kind, Node, N16_MIN, N256_MIN, N48_MIN};
+use crate::node::{Child, N16_MIN, N256_MIN, N48_MIN};
 use crate::Tree;
 
 /// Checks every structural invariant; returns a description of the first
@@ -15,41 +15,41 @@ pub fn check<V>(tree: &Tree<V>) -> Result<(), String> {
     check_root(&tree.root, tree.len)
 }
 
-pub(crate) fn check_root<V>(root: &Node<V>, len: usize) -> Result<(), String> {
-    if root.is_leaf() || !root.bytes.is_empty() {
+pub(crate) fn check_root<V>(root: &Child<V>, len: usize) -> Result<(), String> {
+    if root.is_leaf() || !root.bytes().is_empty() {
         return Err("root must be an inner node with an empty segment".into());
     }
     let mut leaves = 0usize;
     // (node, path before its segment, is_root)
-    let mut stack: Vec<(&Node<V>, Vec<u8>, bool)> = vec![(root, Vec::new(), true)];
+    let mut stack: Vec<(&Child<V>, Vec<u8>, bool)> = vec![(root, Vec::new(), true)];
     while let Some((n, before, is_root)) = stack.pop() {
         let mut path = before.clone();
-        path.extend_from_slice(&n.bytes);
+        path.extend_from_slice(n.bytes());
         let children = n.num_children();
         let term = n.terminal();
         if !is_root {
-            if n.bytes.is_empty() {
+            if n.bytes().is_empty() {
                 return Err(format!("inner node at {before:?} has an empty segment"));
             }
             if children + usize::from(term.is_some()) < 2 {
                 return Err(format!("inner node at {path:?} has fewer than two entries"));
             }
         }
-        let (min, counted) = match &n.kind {
-            Kind::Leaf(_) => unreachable!(),
-            Kind::N4(x) => {
+        let (min, counted) = match n {
+            Child::Leaf(_) => return Err(format!("leaf on the inner-node stack at {path:?}")),
+            Child::N4(x) => {
                 if !x.keys[..x.len as usize].windows(2).all(|w| w[0] < w[1]) {
                     return Err(format!("node4 keys unsorted at {path:?}"));
                 }
                 (0, x.children.iter().filter(|c| c.is_some()).count())
             }
-            Kind::N16(x) => {
+            Child::N16(x) => {
                 if !x.keys[..x.len as usize].windows(2).all(|w| w[0] < w[1]) {
                     return Err(format!("node16 keys unsorted at {path:?}"));
                 }
                 (N16_MIN, x.children.iter().filter(|c| c.is_some()).count())
             }
-            Kind::N48(x) => {
+            Child::N48(x) => {
                 let used = x.index.iter().filter(|&&s| s != 0).count();
                 for &s in x.index.iter().filter(|&&s| s != 0) {
                     if x.children[s as usize - 1].is_none() {
@@ -62,7 +62,7 @@ pub(crate) fn check_root<V>(root: &Node<V>, len: usize) -> Result<(), String> {
                 }
                 (N48_MIN, filled)
             }
-            Kind::N256(x) => (N256_MIN, x.children.iter().filter(|c| c.is_some()).count()),
+            Child::N256(x) => (N256_MIN, x.children.iter().filter(|c| c.is_some()).count()),
         };
         if counted != children {
             return Err(format!("child count {children} != {counted} at {path:?}"));
@@ -73,8 +73,8 @@ pub(crate) fn check_root<V>(root: &Node<V>, len: usize) -> Result<(), String> {
             ));
         }
         if let Some(t) = term {
-            if !t.is_leaf() || t.bytes.as_slice() != path.as_slice() {
-                return Err(format!("terminal at {path:?} has key {:?}", t.bytes));
+            if !t.is_leaf() || t.bytes() != path.as_slice() {
+                return Err(format!("terminal at {path:?} has key {:?}", t.bytes()));
             }
             leaves += 1;
         }
@@ -82,12 +82,15 @@ pub(crate) fn check_root<V>(root: &Node<V>, len: usize) -> Result<(), String> {
         while let Some((p, c)) = n.next_child(pos) {
             pos = p + 1;
             let b = c.index_byte(path.len());
-            if n.find_child(b).map(|x| std::ptr::eq::<Node<V>>(&**x, &**c)) != Some(true) {
+            if n.find_child(b).map(|x| x.ptr_eq(c)) != Some(true) {
                 return Err(format!("child under byte {b} at {path:?} is misindexed"));
             }
             if c.is_leaf() {
-                if c.bytes.len() <= path.len() || !c.bytes.starts_with(&path) {
-                    return Err(format!("leaf {:?} does not extend path {path:?}", c.bytes));
+                if c.bytes().len() <= path.len() || !c.bytes().starts_with(&path) {
+                    return Err(format!(
+                        "leaf {:?} does not extend path {path:?}",
+                        c.bytes()
+                    ));
                 }
                 leaves += 1;
             } else {
@@ -104,14 +107,14 @@ pub(crate) fn check_root<V>(root: &Node<V>, len: usize) -> Result<(), String> {
 /// Node counts by kind: `[leaf, node4, node16, node48, node256]`.
 pub fn kinds<V>(tree: &Tree<V>) -> [usize; 5] {
     let mut out = [0usize; 5];
-    let mut stack: Vec<&Node<V>> = vec![&tree.root];
+    let mut stack: Vec<&Child<V>> = vec![&tree.root];
     while let Some(n) = stack.pop() {
-        let i = match &n.kind {
-            Kind::Leaf(_) => 0,
-            Kind::N4(_) => 1,
-            Kind::N16(_) => 2,
-            Kind::N48(_) => 3,
-            Kind::N256(_) => 4,
+        let i = match n {
+            Child::Leaf(_) => 0,
+            Child::N4(_) => 1,
+            Child::N16(_) => 2,
+            Child::N48(_) => 3,
+            Child::N256(_) => 4,
         };
         out[i] += 1;
         if let Some(t) = n.terminal() {

@@ -8,7 +8,8 @@
 
 use std::ops::Bound;
 
-use crate::node::{Bytes, Child, Node};
+use crate::node::{Bytes, Child, Leaf};
+use triomphe::Arc;
 
 /// Which keys a scan visits.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,45 +27,45 @@ pub enum Scan {
 /// A node pointer the iterator engine can walk.
 pub(crate) trait Ptr: Sized {
     type V;
-    fn node(&self) -> &Node<Self::V>;
+    fn node(&self) -> &Child<Self::V>;
     fn next(&self, pos: usize) -> Option<(usize, Self)>;
     fn prev(&self, pos: usize) -> Option<(usize, Self)>;
     fn terminal(&self) -> Option<Self>;
     fn find(&self, b: u8) -> Option<Self>;
 }
 
-impl<'a, V> Ptr for &'a Node<V> {
+impl<'a, V> Ptr for &'a Child<V> {
     type V = V;
-    #[inline]
-    fn node(&self) -> &Node<V> {
+    #[inline(always)]
+    fn node(&self) -> &Child<V> {
         self
     }
-    #[inline]
+    #[inline(always)]
     fn next(&self, pos: usize) -> Option<(usize, Self)> {
-        let n: &'a Node<V> = self;
-        n.next_child(pos).map(|(p, c)| (p, &**c))
+        let n: &'a Child<V> = self;
+        n.next_child(pos)
     }
-    #[inline]
+    #[inline(always)]
     fn prev(&self, pos: usize) -> Option<(usize, Self)> {
-        let n: &'a Node<V> = self;
-        n.prev_child(pos).map(|(p, c)| (p, &**c))
+        let n: &'a Child<V> = self;
+        n.prev_child(pos)
     }
-    #[inline]
+    #[inline(always)]
     fn terminal(&self) -> Option<Self> {
-        let n: &'a Node<V> = self;
-        n.terminal().map(|c| &**c)
+        let n: &'a Child<V> = self;
+        n.terminal()
     }
-    #[inline]
+    #[inline(always)]
     fn find(&self, b: u8) -> Option<Self> {
-        let n: &'a Node<V> = self;
-        n.find_child(b).map(|c| &**c)
+        let n: &'a Child<V> = self;
+        n.find_child(b)
     }
 }
 
 impl<V> Ptr for Child<V> {
     type V = V;
     #[inline]
-    fn node(&self) -> &Node<V> {
+    fn node(&self) -> &Child<V> {
         self
     }
     #[inline]
@@ -77,7 +78,7 @@ impl<V> Ptr for Child<V> {
     }
     #[inline]
     fn terminal(&self) -> Option<Self> {
-        Node::terminal(self).cloned()
+        Child::terminal(self).cloned()
     }
     #[inline]
     fn find(&self, b: u8) -> Option<Self> {
@@ -204,7 +205,7 @@ impl<P: Ptr> Raw<P> {
         loop {
             let n = p.node();
             if n.is_leaf() {
-                if n.bytes.as_slice() >= k {
+                if n.bytes() >= k {
                     self.pending = Some(p);
                 }
                 return;
@@ -242,7 +243,7 @@ impl<P: Ptr> Raw<P> {
         loop {
             let n = p.node();
             if n.is_leaf() {
-                let key = n.bytes.as_slice();
+                let key = n.bytes();
                 if key < k || (!strict && key == k) {
                     self.pending = Some(p);
                 }
@@ -355,7 +356,7 @@ impl<P: Ptr> Raw<P> {
             } else {
                 self.step_fwd()
             }?;
-            let key = p.node().bytes.as_slice();
+            let key = p.node().bytes();
             if let Some(s) = &self.skip {
                 let equal = s.as_slice() == key;
                 self.skip = None;
@@ -399,16 +400,17 @@ fn prefix_successor(p: &[u8]) -> Option<Vec<u8>> {
 
 /// A borrowing iterator: yields `(key, &value)` with no reference counting.
 pub struct Iter<'a, V> {
-    pub(crate) raw: Raw<&'a Node<V>>,
+    pub(crate) raw: Raw<&'a Child<V>>,
 }
 
 impl<'a, V> Iterator for Iter<'a, V> {
     type Item = (&'a [u8], &'a V);
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        let n = self.raw.next_leaf()?;
-        let v = n.leaf_value()?;
-        Some((n.bytes.as_slice(), v))
+        match self.raw.next_leaf()? {
+            Child::Leaf(l) => Some((&l.h.bytes, &l.value)),
+            _ => None,
+        }
     }
 }
 
@@ -420,20 +422,17 @@ impl<V> std::fmt::Debug for Iter<'_, V> {
 
 /// One key and value held by an owning iterator; keeps its leaf alive.
 pub struct Entry<V> {
-    leaf: Child<V>,
+    leaf: Arc<Leaf<V>>,
 }
 
 impl<V> Entry<V> {
     /// The key.
     pub fn key(&self) -> &[u8] {
-        &self.leaf.bytes
+        &self.leaf.h.bytes
     }
     /// The value.
     pub fn value(&self) -> &V {
-        match self.leaf.leaf_value() {
-            Some(v) => v,
-            None => unreachable!("entries are built from leaves only"),
-        }
+        &self.leaf.value
     }
 }
 
@@ -463,7 +462,10 @@ pub struct IntoIter<V> {
 impl<V> Iterator for IntoIter<V> {
     type Item = Entry<V>;
     fn next(&mut self) -> Option<Entry<V>> {
-        self.raw.next_leaf().map(|leaf| Entry { leaf })
+        match self.raw.next_leaf()? {
+            Child::Leaf(leaf) => Some(Entry { leaf }),
+            _ => None,
+        }
     }
 }
 

@@ -1,62 +1,84 @@
 //! Node layout: leaves and the four inner kinds (node4, node16, node48, node256).
 //!
-//! Every node is reached through a `triomphe::Arc`. A leaf stores its whole key;
-//! an inner node stores only its compressed path segment, whose first byte is
-//! the byte its parent indexes it by (the root's segment is empty). A value whose
-//! key ends inside the tree at an inner node is kept as that node's `terminal`
-//! leaf, so it has a watch of its own.
+//! A child pointer is a [`Child`]: a tag plus a `triomphe::Arc` to the node of
+//! that kind, so an inner node is a single allocation holding its header,
+//! its key index and its child array, and a lookup takes one dependent load
+//! per level. A leaf stores its whole key; an inner node stores only its
+//! compressed path segment, whose first byte is the byte its parent indexes
+//! it by (the root's segment is empty). A value whose key ends at an inner
+//! node is that node's `terminal` leaf, so it has a watch of its own.
 
 use smallvec::SmallVec;
 use triomphe::Arc;
 
 use crate::lazy::LazyWatch;
 use crate::simd;
+use crate::watch::WatchInner;
 
 /// Key bytes: up to 16 bytes inline, longer keys on the heap.
 pub(crate) type Bytes = SmallVec<[u8; 16]>;
 
-/// Node kinds grow at these sizes (one past the kind's capacity) ...
+/// Node kinds grow when full (4 -> 16 -> 48 -> 256) ...
 pub(crate) const N4_MAX: usize = 4;
 pub(crate) const N16_MAX: usize = 16;
 pub(crate) const N48_MAX: usize = 48;
-/// ... and shrink only when they fall to these, so that an insert/delete pair
-/// at a boundary never flaps between two kinds.
+/// ... and shrink only below these, so an insert/delete pair at a boundary
+/// never flaps between two kinds.
 pub(crate) const N16_MIN: usize = 4;
 pub(crate) const N48_MIN: usize = 13;
 pub(crate) const N256_MIN: usize = 38;
 
-pub(crate) struct Node<V> {
+/// What every node starts with.
+#[repr(C)]
+pub(crate) struct Header {
     /// Leaf: the full key. Inner: this node's path segment.
     pub(crate) bytes: Bytes,
-    pub(crate) kind: Kind<V>,
     pub(crate) watch: LazyWatch,
 }
 
-pub(crate) enum Kind<V> {
-    Leaf(V),
-    N4(Box<N4<V>>),
-    N16(Box<N16<V>>),
-    N48(Box<N48<V>>),
-    N256(Box<N256<V>>),
+impl Header {
+    fn new(bytes: &[u8]) -> Self {
+        Header {
+            bytes: Bytes::from_slice(bytes),
+            watch: LazyWatch::new(),
+        }
+    }
+
+    fn copy(&self) -> Self {
+        Header {
+            bytes: self.bytes.clone(),
+            watch: LazyWatch::new(),
+        }
+    }
 }
 
-pub(crate) type Child<V> = Arc<Node<V>>;
+#[repr(C)]
+pub(crate) struct Leaf<V> {
+    pub(crate) h: Header,
+    pub(crate) value: V,
+}
 
+#[repr(C)]
 pub(crate) struct N4<V> {
+    pub(crate) h: Header,
     pub(crate) terminal: Option<Child<V>>,
     pub(crate) len: u8,
     pub(crate) keys: [u8; 4],
     pub(crate) children: [Option<Child<V>>; 4],
 }
 
+#[repr(C)]
 pub(crate) struct N16<V> {
+    pub(crate) h: Header,
     pub(crate) terminal: Option<Child<V>>,
     pub(crate) len: u8,
     pub(crate) keys: [u8; 16],
     pub(crate) children: [Option<Child<V>>; 16],
 }
 
+#[repr(C)]
 pub(crate) struct N48<V> {
+    pub(crate) h: Header,
     pub(crate) terminal: Option<Child<V>>,
     pub(crate) len: u8,
     /// Byte -> slot + 1; 0 means absent.
@@ -64,121 +86,158 @@ pub(crate) struct N48<V> {
     pub(crate) children: [Option<Child<V>>; 48],
 }
 
+#[repr(C)]
 pub(crate) struct N256<V> {
+    pub(crate) h: Header,
     pub(crate) terminal: Option<Child<V>>,
     pub(crate) len: u16,
     pub(crate) children: [Option<Child<V>>; 256],
 }
 
-impl<V: Clone> Clone for Kind<V> {
+/// A reference-counted pointer to a node of any kind.
+pub(crate) enum Child<V> {
+    Leaf(Arc<Leaf<V>>),
+    N4(Arc<N4<V>>),
+    N16(Arc<N16<V>>),
+    N48(Arc<N48<V>>),
+    N256(Arc<N256<V>>),
+}
+
+impl<V> Clone for Child<V> {
+    #[inline]
     fn clone(&self) -> Self {
         match self {
-            Kind::Leaf(v) => Kind::Leaf(v.clone()),
-            Kind::N4(n) => Kind::N4(Box::new(N4 {
-                terminal: n.terminal.clone(),
-                len: n.len,
-                keys: n.keys,
-                children: n.children.clone(),
-            })),
-            Kind::N16(n) => Kind::N16(Box::new(N16 {
-                terminal: n.terminal.clone(),
-                len: n.len,
-                keys: n.keys,
-                children: n.children.clone(),
-            })),
-            Kind::N48(n) => Kind::N48(Box::new(N48 {
-                terminal: n.terminal.clone(),
-                len: n.len,
-                index: n.index,
-                children: n.children.clone(),
-            })),
-            Kind::N256(n) => Kind::N256(Box::new(N256 {
-                terminal: n.terminal.clone(),
-                len: n.len,
-                children: n.children.clone(),
-            })),
+            Child::Leaf(a) => Child::Leaf(a.clone()),
+            Child::N4(a) => Child::N4(a.clone()),
+            Child::N16(a) => Child::N16(a.clone()),
+            Child::N48(a) => Child::N48(a.clone()),
+            Child::N256(a) => Child::N256(a.clone()),
         }
     }
+}
+
+/// Exclusive access to a node the transaction owns.
+pub(crate) enum NodeMut<'a, V> {
+    Leaf(&'a mut Leaf<V>),
+    N4(&'a mut N4<V>),
+    N16(&'a mut N16<V>),
+    N48(&'a mut N48<V>),
+    N256(&'a mut N256<V>),
 }
 
 fn none_array<T, const N: usize>() -> [Option<T>; N] {
     std::array::from_fn(|_| None)
 }
 
-impl<V> Node<V> {
-    pub(crate) fn leaf(key: &[u8], value: V) -> Child<V> {
-        Arc::new(Node {
-            bytes: Bytes::from_slice(key),
-            kind: Kind::Leaf(value),
-            watch: LazyWatch::new(),
-        })
-    }
-
-    pub(crate) fn empty_inner(segment: &[u8]) -> Node<V> {
-        Node {
-            bytes: Bytes::from_slice(segment),
-            kind: Kind::N4(Box::new(N4 {
-                terminal: None,
-                len: 0,
-                keys: [0; 4],
-                children: none_array(),
-            })),
-            watch: LazyWatch::new(),
+macro_rules! each {
+    ($self:expr, $n:ident => $e:expr) => {
+        match $self {
+            Child::Leaf($n) => $e,
+            Child::N4($n) => $e,
+            Child::N16($n) => $e,
+            Child::N48($n) => $e,
+            Child::N256($n) => $e,
         }
+    };
+}
+
+macro_rules! each_inner {
+    ($self:expr, $leaf:expr, $n:ident => $e:expr) => {
+        match $self {
+            Child::Leaf(_) => $leaf,
+            Child::N4($n) => $e,
+            Child::N16($n) => $e,
+            Child::N48($n) => $e,
+            Child::N256($n) => $e,
+        }
+    };
+}
+
+impl<V> Child<V> {
+    pub(crate) fn leaf(key: &[u8], value: V) -> Self {
+        Child::Leaf(Arc::new(Leaf {
+            h: Header::new(key),
+            value,
+        }))
     }
 
-    #[inline]
+    pub(crate) fn empty_inner(segment: &[u8]) -> Self {
+        Child::N4(Arc::new(N4 {
+            h: Header::new(segment),
+            terminal: None,
+            len: 0,
+            keys: [0; 4],
+            children: none_array(),
+        }))
+    }
+
+    #[inline(always)]
+    pub(crate) fn header(&self) -> &Header {
+        each!(self, n => &n.h)
+    }
+
+    #[inline(always)]
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.header().bytes
+    }
+
+    #[inline(always)]
     pub(crate) fn is_leaf(&self) -> bool {
-        matches!(self.kind, Kind::Leaf(_))
+        matches!(self, Child::Leaf(_))
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn leaf_value(&self) -> Option<&V> {
-        match &self.kind {
-            Kind::Leaf(v) => Some(v),
+        match self {
+            Child::Leaf(l) => Some(&l.value),
             _ => None,
         }
     }
 
     #[inline]
-    pub(crate) fn terminal(&self) -> Option<&Child<V>> {
-        match &self.kind {
-            Kind::Leaf(_) => None,
-            Kind::N4(n) => n.terminal.as_ref(),
-            Kind::N16(n) => n.terminal.as_ref(),
-            Kind::N48(n) => n.terminal.as_ref(),
-            Kind::N256(n) => n.terminal.as_ref(),
+    pub(crate) fn is_unique(&self) -> bool {
+        each!(self, n => n.is_unique())
+    }
+
+    pub(crate) fn ptr_eq(&self, other: &Child<V>) -> bool {
+        match (self, other) {
+            (Child::Leaf(a), Child::Leaf(b)) => Arc::ptr_eq(a, b),
+            (Child::N4(a), Child::N4(b)) => Arc::ptr_eq(a, b),
+            (Child::N16(a), Child::N16(b)) => Arc::ptr_eq(a, b),
+            (Child::N48(a), Child::N48(b)) => Arc::ptr_eq(a, b),
+            (Child::N256(a), Child::N256(b)) => Arc::ptr_eq(a, b),
+            _ => false,
         }
     }
 
+    /// Exclusive access when nothing else shares the node.
     #[inline]
-    pub(crate) fn terminal_mut(&mut self) -> Option<&mut Option<Child<V>>> {
-        match &mut self.kind {
-            Kind::Leaf(_) => None,
-            Kind::N4(n) => Some(&mut n.terminal),
-            Kind::N16(n) => Some(&mut n.terminal),
-            Kind::N48(n) => Some(&mut n.terminal),
-            Kind::N256(n) => Some(&mut n.terminal),
-        }
+    pub(crate) fn get_mut(&mut self) -> Option<NodeMut<'_, V>> {
+        Some(match self {
+            Child::Leaf(a) => NodeMut::Leaf(Arc::get_mut(a)?),
+            Child::N4(a) => NodeMut::N4(Arc::get_mut(a)?),
+            Child::N16(a) => NodeMut::N16(Arc::get_mut(a)?),
+            Child::N48(a) => NodeMut::N48(Arc::get_mut(a)?),
+            Child::N256(a) => NodeMut::N256(Arc::get_mut(a)?),
+        })
+    }
+
+    #[inline]
+    pub(crate) fn terminal(&self) -> Option<&Child<V>> {
+        each_inner!(self, None, n => n.terminal.as_ref())
     }
 
     /// Number of children, the terminal not counted.
     #[inline]
     pub(crate) fn num_children(&self) -> usize {
-        match &self.kind {
-            Kind::Leaf(_) => 0,
-            Kind::N4(n) => n.len as usize,
-            Kind::N16(n) => n.len as usize,
-            Kind::N48(n) => n.len as usize,
-            Kind::N256(n) => n.len as usize,
-        }
+        each_inner!(self, 0, n => n.len as usize)
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn find_child(&self, b: u8) -> Option<&Child<V>> {
-        match &self.kind {
-            Kind::Leaf(_) => None,
-            Kind::N4(n) => {
+        match self {
+            Child::Leaf(_) => None,
+            Child::N4(n) => {
                 let len = n.len as usize;
                 let mut i = 0;
                 while i < len {
@@ -189,216 +248,311 @@ impl<V> Node<V> {
                 }
                 None
             }
-            Kind::N16(n) => {
-                let i = simd::find16(&n.keys, n.len as usize, b)?;
-                n.children[i].as_ref()
-            }
-            Kind::N48(n) => {
-                let s = n.index[b as usize];
-                if s == 0 {
-                    None
-                } else {
-                    n.children[s as usize - 1].as_ref()
-                }
-            }
-            Kind::N256(n) => n.children[b as usize].as_ref(),
+            Child::N16(n) => n.children[simd::find16(&n.keys, n.len as usize, b)?].as_ref(),
+            Child::N48(n) => match n.index[b as usize] {
+                0 => None,
+                s => n.children[s as usize - 1].as_ref(),
+            },
+            Child::N256(n) => n.children[b as usize].as_ref(),
         }
     }
 
+    /// The child at the first position `>= pos` (positions are array slots
+    /// for node4/node16 and bytes for node48/node256), with that position.
     #[inline]
-    pub(crate) fn find_child_mut(&mut self, b: u8) -> Option<&mut Child<V>> {
-        match &mut self.kind {
-            Kind::Leaf(_) => None,
-            Kind::N4(n) => {
-                let i = n.keys[..n.len as usize].iter().position(|&k| k == b)?;
-                n.children[i].as_mut()
-            }
-            Kind::N16(n) => {
-                let i = simd::find16(&n.keys, n.len as usize, b)?;
-                n.children[i].as_mut()
-            }
-            Kind::N48(n) => {
-                let s = n.index[b as usize];
-                if s == 0 {
-                    None
-                } else {
-                    n.children[s as usize - 1].as_mut()
-                }
-            }
-            Kind::N256(n) => n.children[b as usize].as_mut(),
+    pub(crate) fn next_child(&self, pos: usize) -> Option<(usize, &Child<V>)> {
+        match self {
+            Child::Leaf(_) => None,
+            Child::N4(n) => n.children[..n.len as usize]
+                .get(pos)
+                .and_then(Option::as_ref)
+                .map(|c| (pos, c)),
+            Child::N16(n) => n.children[..n.len as usize]
+                .get(pos)
+                .and_then(Option::as_ref)
+                .map(|c| (pos, c)),
+            Child::N48(n) => (pos..256).find_map(|b| match n.index[b] {
+                0 => None,
+                s => n.children[s as usize - 1].as_ref().map(|c| (b, c)),
+            }),
+            Child::N256(n) => n
+                .children
+                .get(pos..)?
+                .iter()
+                .enumerate()
+                .find_map(|(i, c)| c.as_ref().map(|c| (pos + i, c))),
         }
     }
 
-    /// Adds a child under a byte that is not present yet, growing the kind when full.
+    /// The child at the last position `<= pos`, with that position.
+    #[inline]
+    pub(crate) fn prev_child(&self, pos: usize) -> Option<(usize, &Child<V>)> {
+        match self {
+            Child::Leaf(_) => None,
+            Child::N4(n) => {
+                let p = pos.min((n.len as usize).checked_sub(1)?);
+                n.children[p].as_ref().map(|c| (p, c))
+            }
+            Child::N16(n) => {
+                let p = pos.min((n.len as usize).checked_sub(1)?);
+                n.children[p].as_ref().map(|c| (p, c))
+            }
+            Child::N48(n) => (0..=pos.min(255)).rev().find_map(|b| match n.index[b] {
+                0 => None,
+                s => n.children[s as usize - 1].as_ref().map(|c| (b, c)),
+            }),
+            Child::N256(n) => (0..=pos.min(255))
+                .rev()
+                .find_map(|b| n.children[b].as_ref().map(|c| (b, c))),
+        }
+    }
+
+    /// The position of the first child whose byte is `>= b`, or one past the end.
+    #[inline]
+    pub(crate) fn position_ge(&self, b: u8) -> usize {
+        match self {
+            Child::Leaf(_) => 0,
+            Child::N4(n) => n.keys[..n.len as usize]
+                .iter()
+                .position(|&k| k >= b)
+                .unwrap_or(n.len as usize),
+            Child::N16(n) => simd::lower_bound16(&n.keys, n.len as usize, b),
+            Child::N48(_) | Child::N256(_) => b as usize,
+        }
+    }
+
+    /// The first position holding a child whose byte is `> b`.
+    #[inline]
+    pub(crate) fn position_after(&self, b: u8) -> usize {
+        match self {
+            Child::N48(_) | Child::N256(_) => b as usize + 1,
+            _ => self.position_ge(b) + usize::from(self.find_child(b).is_some()),
+        }
+    }
+
+    /// The last position that can hold a child whose byte is `< b`.
+    #[inline]
+    pub(crate) fn position_before(&self, b: u8) -> Option<usize> {
+        match self {
+            Child::N48(_) | Child::N256(_) => (b as usize).checked_sub(1),
+            _ => self.position_ge(b).checked_sub(1),
+        }
+    }
+
+    /// Largest possible position; `prev_child(last_position())` is the last child.
+    #[inline]
+    pub(crate) fn last_position(&self) -> usize {
+        match self {
+            Child::N48(_) | Child::N256(_) => 255,
+            _ => self.num_children().saturating_sub(1),
+        }
+    }
+
+    /// The smallest byte that has a child.
+    pub(crate) fn first_child_byte(&self) -> Option<u8> {
+        match self {
+            Child::Leaf(_) => None,
+            Child::N4(n) => (n.len > 0).then(|| n.keys[0]),
+            Child::N16(n) => (n.len > 0).then(|| n.keys[0]),
+            Child::N48(n) => n.index.iter().position(|&s| s != 0).map(|b| b as u8),
+            Child::N256(n) => n.children.iter().position(Option::is_some).map(|b| b as u8),
+        }
+    }
+
+    /// The key byte this node is indexed by in its parent, at depth `depth`.
+    #[inline]
+    pub(crate) fn index_byte(&self, depth: usize) -> u8 {
+        match self {
+            Child::Leaf(l) => l.h.bytes[depth],
+            _ => self.bytes()[0],
+        }
+    }
+
+    /// The node's segment when it sits at `depth`.
+    #[inline]
+    pub(crate) fn segment(&self, depth: usize) -> &[u8] {
+        match self {
+            Child::Leaf(l) => &l.h.bytes[depth..],
+            _ => self.bytes(),
+        }
+    }
+
+    /// A shallow copy: children are shared, the watch slot is fresh.
+    pub(crate) fn copy(&self) -> Child<V>
+    where
+        V: Clone,
+    {
+        match self {
+            Child::Leaf(n) => Child::Leaf(Arc::new(Leaf {
+                h: n.h.copy(),
+                value: n.value.clone(),
+            })),
+            Child::N4(n) => Child::N4(Arc::new(N4 {
+                h: n.h.copy(),
+                terminal: n.terminal.clone(),
+                len: n.len,
+                keys: n.keys,
+                children: n.children.clone(),
+            })),
+            Child::N16(n) => Child::N16(Arc::new(N16 {
+                h: n.h.copy(),
+                terminal: n.terminal.clone(),
+                len: n.len,
+                keys: n.keys,
+                children: n.children.clone(),
+            })),
+            Child::N48(n) => Child::N48(Arc::new(N48 {
+                h: n.h.copy(),
+                terminal: n.terminal.clone(),
+                len: n.len,
+                index: n.index,
+                children: n.children.clone(),
+            })),
+            Child::N256(n) => Child::N256(Arc::new(N256 {
+                h: n.h.copy(),
+                terminal: n.terminal.clone(),
+                len: n.len,
+                children: n.children.clone(),
+            })),
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        match self {
+            Child::Leaf(_) => 0,
+            Child::N4(_) => N4_MAX,
+            Child::N16(_) => N16_MAX,
+            Child::N48(_) => N48_MAX,
+            Child::N256(_) => 256,
+        }
+    }
+
+    /// Adds a child under a byte that is not present yet, growing the kind
+    /// when full. The node must be private to the caller.
     pub(crate) fn add_child(&mut self, b: u8, child: Child<V>) {
         if self.num_children() == self.capacity() {
             self.grow();
         }
-        match &mut self.kind {
-            Kind::Leaf(_) => unreachable!("add_child on a leaf"),
-            Kind::N4(n) => {
-                let len = n.len as usize;
-                let pos = n.keys[..len].iter().position(|&k| k > b).unwrap_or(len);
-                n.keys.copy_within(pos..len, pos + 1);
-                n.children[pos..=len].rotate_right(1);
-                n.keys[pos] = b;
-                n.children[pos] = Some(child);
-                n.len += 1;
-            }
-            Kind::N16(n) => {
-                let len = n.len as usize;
-                let pos = simd::lower_bound16(&n.keys, len, b);
-                n.keys.copy_within(pos..len, pos + 1);
-                n.children[pos..=len].rotate_right(1);
-                n.keys[pos] = b;
-                n.children[pos] = Some(child);
-                n.len += 1;
-            }
-            Kind::N48(n) => {
-                let slot = n
-                    .children
-                    .iter()
-                    .position(Option::is_none)
-                    .expect("node48 has a free slot below capacity");
-                n.children[slot] = Some(child);
-                n.index[b as usize] = slot as u8 + 1;
-                n.len += 1;
-            }
-            Kind::N256(n) => {
-                n.children[b as usize] = Some(child);
-                n.len += 1;
-            }
+        if let Some(n) = self.get_mut() {
+            n.add_child(b, child);
         }
     }
 
-    /// Removes and returns the child under `b`, shrinking the kind when it falls
-    /// to the lower threshold.
+    /// Removes the child under `b`, shrinking the kind below its threshold.
+    /// The node must be private to the caller.
     pub(crate) fn remove_child(&mut self, b: u8) -> Option<Child<V>> {
-        let removed = match &mut self.kind {
-            Kind::Leaf(_) => None,
-            Kind::N4(n) => {
-                let len = n.len as usize;
-                let pos = n.keys[..len].iter().position(|&k| k == b)?;
-                let c = n.children[pos].take();
-                n.keys.copy_within(pos + 1..len, pos);
-                n.children[pos..len].rotate_left(1);
-                n.len -= 1;
-                c
-            }
-            Kind::N16(n) => {
-                let len = n.len as usize;
-                let pos = simd::find16(&n.keys, len, b)?;
-                let c = n.children[pos].take();
-                n.keys.copy_within(pos + 1..len, pos);
-                n.children[pos..len].rotate_left(1);
-                n.len -= 1;
-                c
-            }
-            Kind::N48(n) => {
-                let s = n.index[b as usize];
-                if s == 0 {
-                    return None;
-                }
-                n.index[b as usize] = 0;
-                n.len -= 1;
-                n.children[s as usize - 1].take()
-            }
-            Kind::N256(n) => {
-                let c = n.children[b as usize].take()?;
-                n.len -= 1;
-                Some(c)
-            }
-        };
-        if removed.is_some() {
-            self.maybe_shrink();
-        }
-        removed
+        let removed = self.get_mut()?.remove_child(b)?;
+        self.maybe_shrink();
+        Some(removed)
     }
 
-    fn capacity(&self) -> usize {
-        match &self.kind {
-            Kind::Leaf(_) => 0,
-            Kind::N4(_) => N4_MAX,
-            Kind::N16(_) => N16_MAX,
-            Kind::N48(_) => N48_MAX,
-            Kind::N256(_) => 256,
+    /// Places `child` under this (private) node whose children start at
+    /// `depth`: as the terminal when its key ends there, else under its byte.
+    pub(crate) fn place(&mut self, depth: usize, child: Child<V>) {
+        if child.is_leaf() && child.bytes().len() == depth {
+            if let Some(t) = self.get_mut().and_then(NodeMut::terminal_mut) {
+                *t = Some(child);
+            }
+        } else {
+            let b = child.index_byte(depth);
+            self.add_child(b, child);
         }
     }
 
     /// Moves to the next larger kind, transferring children directly.
     fn grow(&mut self) {
-        let kind = match &mut self.kind {
-            Kind::N4(n) => {
-                let mut m = Box::new(N16 {
+        let new = match self.get_mut() {
+            Some(NodeMut::N4(n)) => {
+                let mut m = N16 {
+                    h: Header {
+                        bytes: std::mem::take(&mut n.h.bytes),
+                        watch: LazyWatch::new(),
+                    },
                     terminal: n.terminal.take(),
                     len: n.len,
                     keys: [0; 16],
                     children: none_array(),
-                });
+                };
                 let len = n.len as usize;
                 m.keys[..len].copy_from_slice(&n.keys[..len]);
                 for i in 0..len {
                     m.children[i] = n.children[i].take();
                 }
-                Kind::N16(m)
+                Child::N16(Arc::new(m))
             }
-            Kind::N16(n) => {
-                let mut m = Box::new(N48 {
+            Some(NodeMut::N16(n)) => {
+                let mut m = N48 {
+                    h: Header {
+                        bytes: std::mem::take(&mut n.h.bytes),
+                        watch: LazyWatch::new(),
+                    },
                     terminal: n.terminal.take(),
                     len: n.len,
                     index: [0; 256],
                     children: none_array(),
-                });
+                };
                 for i in 0..n.len as usize {
                     m.index[n.keys[i] as usize] = i as u8 + 1;
                     m.children[i] = n.children[i].take();
                 }
-                Kind::N48(m)
+                Child::N48(Arc::new(m))
             }
-            Kind::N48(n) => {
-                let mut m = Box::new(N256 {
+            Some(NodeMut::N48(n)) => {
+                let mut m = N256 {
+                    h: Header {
+                        bytes: std::mem::take(&mut n.h.bytes),
+                        watch: LazyWatch::new(),
+                    },
                     terminal: n.terminal.take(),
                     len: n.len as u16,
                     children: none_array(),
-                });
+                };
                 for b in 0..256 {
                     let s = n.index[b];
                     if s != 0 {
                         m.children[b] = n.children[s as usize - 1].take();
                     }
                 }
-                Kind::N256(m)
+                Child::N256(Arc::new(m))
             }
-            _ => unreachable!("grow on a leaf or node256"),
+            _ => return,
         };
-        self.kind = kind;
+        *self = new;
     }
 
     /// Moves to the next smaller kind once the count falls below the
     /// hysteresis threshold.
     fn maybe_shrink(&mut self) {
         let n = self.num_children();
-        let kind = match &mut self.kind {
-            Kind::N16(x) if n < N16_MIN => {
-                let mut m = Box::new(N4 {
+        let new = match self.get_mut() {
+            Some(NodeMut::N16(x)) if n < N16_MIN => {
+                let mut m = N4 {
+                    h: Header {
+                        bytes: std::mem::take(&mut x.h.bytes),
+                        watch: LazyWatch::new(),
+                    },
                     terminal: x.terminal.take(),
                     len: x.len,
                     keys: [0; 4],
                     children: none_array(),
-                });
+                };
                 m.keys[..n].copy_from_slice(&x.keys[..n]);
                 for i in 0..n {
                     m.children[i] = x.children[i].take();
                 }
-                Kind::N4(m)
+                Child::N4(Arc::new(m))
             }
-            Kind::N48(x) if n < N48_MIN => {
-                let mut m = Box::new(N16 {
+            Some(NodeMut::N48(x)) if n < N48_MIN => {
+                let mut m = N16 {
+                    h: Header {
+                        bytes: std::mem::take(&mut x.h.bytes),
+                        watch: LazyWatch::new(),
+                    },
                     terminal: x.terminal.take(),
                     len: 0,
                     keys: [0; 16],
                     children: none_array(),
-                });
+                };
                 for b in 0..256 {
                     let s = x.index[b];
                     if s != 0 {
@@ -408,15 +562,19 @@ impl<V> Node<V> {
                         m.len += 1;
                     }
                 }
-                Kind::N16(m)
+                Child::N16(Arc::new(m))
             }
-            Kind::N256(x) if n < N256_MIN => {
-                let mut m = Box::new(N48 {
+            Some(NodeMut::N256(x)) if n < N256_MIN => {
+                let mut m = N48 {
+                    h: Header {
+                        bytes: std::mem::take(&mut x.h.bytes),
+                        watch: LazyWatch::new(),
+                    },
                     terminal: x.terminal.take(),
                     len: 0,
                     index: [0; 256],
                     children: none_array(),
-                });
+                };
                 for b in 0..256 {
                     if let Some(c) = x.children[b].take() {
                         let i = m.len as usize;
@@ -425,155 +583,149 @@ impl<V> Node<V> {
                         m.len += 1;
                     }
                 }
-                Kind::N48(m)
+                Child::N48(Arc::new(m))
             }
             _ => return,
         };
-        self.kind = kind;
-    }
-
-    /// The child at the first position `>= pos` (positions are array slots for
-    /// node4/node16 and bytes for node48/node256), with that position.
-    #[inline]
-    pub(crate) fn next_child(&self, pos: usize) -> Option<(usize, &Child<V>)> {
-        match &self.kind {
-            Kind::Leaf(_) => None,
-            Kind::N4(n) => n.children[..n.len as usize]
-                .get(pos)
-                .and_then(Option::as_ref)
-                .map(|c| (pos, c)),
-            Kind::N16(n) => n.children[..n.len as usize]
-                .get(pos)
-                .and_then(Option::as_ref)
-                .map(|c| (pos, c)),
-            Kind::N48(n) => (pos..256).find_map(|b| {
-                let s = n.index[b];
-                (s != 0)
-                    .then(|| (b, n.children[s as usize - 1].as_ref()))?
-                    .1
-                    .map(|c| (b, c))
-            }),
-            Kind::N256(n) => (pos..256).find_map(|b| n.children[b].as_ref().map(|c| (b, c))),
-        }
-    }
-
-    /// The child at the last position `<= pos`, with that position.
-    #[inline]
-    pub(crate) fn prev_child(&self, pos: usize) -> Option<(usize, &Child<V>)> {
-        match &self.kind {
-            Kind::Leaf(_) => None,
-            Kind::N4(n) => {
-                let len = n.len as usize;
-                if len == 0 {
-                    return None;
-                }
-                let p = pos.min(len - 1);
-                n.children[p].as_ref().map(|c| (p, c))
-            }
-            Kind::N16(n) => {
-                let len = n.len as usize;
-                if len == 0 {
-                    return None;
-                }
-                let p = pos.min(len - 1);
-                n.children[p].as_ref().map(|c| (p, c))
-            }
-            Kind::N48(n) => (0..=pos.min(255)).rev().find_map(|b| {
-                let s = n.index[b];
-                (s != 0)
-                    .then(|| (b, n.children[s as usize - 1].as_ref()))?
-                    .1
-                    .map(|c| (b, c))
-            }),
-            Kind::N256(n) => (0..=pos.min(255))
-                .rev()
-                .find_map(|b| n.children[b].as_ref().map(|c| (b, c))),
-        }
-    }
-
-    /// The position of the first child whose byte is `>= b`, or one past the end.
-    #[inline]
-    pub(crate) fn position_ge(&self, b: u8) -> usize {
-        match &self.kind {
-            Kind::Leaf(_) => 0,
-            Kind::N4(n) => n.keys[..n.len as usize]
-                .iter()
-                .position(|&k| k >= b)
-                .unwrap_or(n.len as usize),
-            Kind::N16(n) => simd::lower_bound16(&n.keys, n.len as usize, b),
-            Kind::N48(_) | Kind::N256(_) => b as usize,
-        }
-    }
-
-    /// Largest possible position; `prev_child(last_position())` is the last child.
-    #[inline]
-    pub(crate) fn last_position(&self) -> usize {
-        match &self.kind {
-            Kind::N48(_) | Kind::N256(_) => 255,
-            _ => self.num_children().saturating_sub(1),
-        }
-    }
-
-    /// A shallow copy: children are shared, the watch slot is fresh.
-    pub(crate) fn shallow_clone(&self) -> Node<V>
-    where
-        V: Clone,
-    {
-        Node {
-            bytes: self.bytes.clone(),
-            kind: self.kind.clone(),
-            watch: LazyWatch::new(),
-        }
-    }
-
-    /// The key byte this node is indexed by in its parent, at depth `depth`.
-    #[inline]
-    pub(crate) fn index_byte(&self, depth: usize) -> u8 {
-        if self.is_leaf() {
-            self.bytes[depth]
-        } else {
-            self.bytes[0]
-        }
-    }
-
-    /// The node's segment when it sits at `depth`.
-    #[inline]
-    pub(crate) fn segment(&self, depth: usize) -> &[u8] {
-        if self.is_leaf() {
-            &self.bytes[depth..]
-        } else {
-            &self.bytes
-        }
+        *self = new;
     }
 }
 
-impl<V> Drop for Node<V> {
-    /// Drops a deep tree without deep recursion: children whose last reference
-    /// is this node are moved to a work list and taken apart one by one.
-    fn drop(&mut self) {
-        if self.is_leaf() {
-            return;
+impl<'a, V> NodeMut<'a, V> {
+    pub(crate) fn header_mut(self) -> &'a mut Header {
+        match self {
+            NodeMut::Leaf(n) => &mut n.h,
+            NodeMut::N4(n) => &mut n.h,
+            NodeMut::N16(n) => &mut n.h,
+            NodeMut::N48(n) => &mut n.h,
+            NodeMut::N256(n) => &mut n.h,
         }
-        let mut work: Vec<Child<V>> = Vec::new();
-        collect_unique(self, &mut work);
-        while let Some(child) = work.pop() {
-            if let Some(mut node) = Arc::into_unique(child) {
-                collect_unique(&mut node, &mut work);
+    }
+
+    pub(crate) fn take_watch(self) -> Option<std::sync::Arc<WatchInner>> {
+        self.header_mut().watch.take()
+    }
+
+    pub(crate) fn terminal_mut(self) -> Option<&'a mut Option<Child<V>>> {
+        match self {
+            NodeMut::Leaf(_) => None,
+            NodeMut::N4(n) => Some(&mut n.terminal),
+            NodeMut::N16(n) => Some(&mut n.terminal),
+            NodeMut::N48(n) => Some(&mut n.terminal),
+            NodeMut::N256(n) => Some(&mut n.terminal),
+        }
+    }
+
+    pub(crate) fn child_mut(self, b: u8) -> Option<&'a mut Child<V>> {
+        match self {
+            NodeMut::Leaf(_) => None,
+            NodeMut::N4(n) => {
+                let i = n.keys[..n.len as usize].iter().position(|&k| k == b)?;
+                n.children[i].as_mut()
+            }
+            NodeMut::N16(n) => {
+                let i = simd::find16(&n.keys, n.len as usize, b)?;
+                n.children[i].as_mut()
+            }
+            NodeMut::N48(n) => match n.index[b as usize] {
+                0 => None,
+                s => n.children[s as usize - 1].as_mut(),
+            },
+            NodeMut::N256(n) => n.children[b as usize].as_mut(),
+        }
+    }
+
+    /// Adds a child to a node with room for it.
+    fn add_child(self, b: u8, child: Child<V>) {
+        match self {
+            NodeMut::Leaf(_) => {}
+            NodeMut::N4(n) => {
+                let len = n.len as usize;
+                let pos = n.keys[..len].iter().position(|&k| k > b).unwrap_or(len);
+                n.keys.copy_within(pos..len, pos + 1);
+                n.children[pos..=len].rotate_right(1);
+                n.keys[pos] = b;
+                n.children[pos] = Some(child);
+                n.len += 1;
+            }
+            NodeMut::N16(n) => {
+                let len = n.len as usize;
+                let pos = simd::lower_bound16(&n.keys, len, b);
+                n.keys.copy_within(pos..len, pos + 1);
+                n.children[pos..=len].rotate_right(1);
+                n.keys[pos] = b;
+                n.children[pos] = Some(child);
+                n.len += 1;
+            }
+            NodeMut::N48(n) => {
+                if let Some(slot) = n.children.iter().position(Option::is_none) {
+                    n.children[slot] = Some(child);
+                    n.index[b as usize] = slot as u8 + 1;
+                    n.len += 1;
+                }
+            }
+            NodeMut::N256(n) => {
+                n.children[b as usize] = Some(child);
+                n.len += 1;
+            }
+        }
+    }
+
+    fn remove_child(self, b: u8) -> Option<Child<V>> {
+        match self {
+            NodeMut::Leaf(_) => None,
+            NodeMut::N4(n) => {
+                let len = n.len as usize;
+                let pos = n.keys[..len].iter().position(|&k| k == b)?;
+                let c = n.children[pos].take();
+                n.keys.copy_within(pos + 1..len, pos);
+                n.children[pos..len].rotate_left(1);
+                n.len -= 1;
+                c
+            }
+            NodeMut::N16(n) => {
+                let len = n.len as usize;
+                let pos = simd::find16(&n.keys, len, b)?;
+                let c = n.children[pos].take();
+                n.keys.copy_within(pos + 1..len, pos);
+                n.children[pos..len].rotate_left(1);
+                n.len -= 1;
+                c
+            }
+            NodeMut::N48(n) => {
+                let s = std::mem::take(&mut n.index[b as usize]);
+                if s == 0 {
+                    return None;
+                }
+                n.len -= 1;
+                n.children[s as usize - 1].take()
+            }
+            NodeMut::N256(n) => {
+                let c = n.children[b as usize].take()?;
+                n.len -= 1;
+                Some(c)
             }
         }
     }
 }
 
-/// Moves the inner children of `node` that nothing else references into
-/// `work`, so dropping `node` itself recurses no further.
-fn collect_unique<V>(node: &mut Node<V>, work: &mut Vec<Child<V>>) {
-    let slots: &mut [Option<Child<V>>] = match &mut node.kind {
-        Kind::Leaf(_) => return,
-        Kind::N4(n) => &mut n.children,
-        Kind::N16(n) => &mut n.children,
-        Kind::N48(n) => &mut n.children,
-        Kind::N256(n) => &mut n.children,
-    };
+/// Drops a deep tree without deep recursion: inner children that nothing
+/// else references are moved to a work list and taken apart one by one.
+fn drop_children<V>(slots: &mut [Option<Child<V>>]) {
+    let mut work: Vec<Child<V>> = Vec::new();
+    collect_unique(slots, &mut work);
+    while let Some(mut c) = work.pop() {
+        match c.get_mut() {
+            Some(NodeMut::N4(n)) => collect_unique(&mut n.children, &mut work),
+            Some(NodeMut::N16(n)) => collect_unique(&mut n.children, &mut work),
+            Some(NodeMut::N48(n)) => collect_unique(&mut n.children, &mut work),
+            Some(NodeMut::N256(n)) => collect_unique(&mut n.children, &mut work),
+            _ => {}
+        }
+    }
+}
+
+fn collect_unique<V>(slots: &mut [Option<Child<V>>], work: &mut Vec<Child<V>>) {
     for slot in slots {
         if slot.as_ref().is_some_and(|c| !c.is_leaf() && c.is_unique()) {
             work.extend(slot.take());
@@ -581,52 +733,26 @@ fn collect_unique<V>(node: &mut Node<V>, work: &mut Vec<Child<V>>) {
     }
 }
 
-impl<V> Node<V> {
-    /// The first position holding a child whose byte is `> b`.
-    #[inline]
-    pub(crate) fn position_after(&self, b: u8) -> usize {
-        match &self.kind {
-            Kind::N48(_) | Kind::N256(_) => b as usize + 1,
-            _ => {
-                let p = self.position_ge(b);
-                p + usize::from(self.find_child(b).is_some())
-            }
-        }
-    }
-
-    /// The last position that can hold a child whose byte is `< b`.
-    #[inline]
-    pub(crate) fn position_before(&self, b: u8) -> Option<usize> {
-        match &self.kind {
-            Kind::N48(_) | Kind::N256(_) => (b as usize).checked_sub(1),
-            _ => self.position_ge(b).checked_sub(1),
-        }
-    }
-
-    /// Places `child` under this node at `depth` (the depth where this node's
-    /// children start): as the terminal when its key ends there, else under
-    /// its index byte.
-    pub(crate) fn place(&mut self, depth: usize, child: Child<V>) {
-        if child.is_leaf() && child.bytes.len() == depth {
-            if let Some(t) = self.terminal_mut() {
-                *t = Some(child);
-            }
-        } else {
-            let b = child.index_byte(depth);
-            self.add_child(b, child);
-        }
+impl<V> Drop for N4<V> {
+    fn drop(&mut self) {
+        drop_children(&mut self.children);
     }
 }
 
-impl<V> Node<V> {
-    /// The smallest byte that has a child.
-    pub(crate) fn first_child_byte(&self) -> Option<u8> {
-        match &self.kind {
-            Kind::Leaf(_) => None,
-            Kind::N4(n) => (n.len > 0).then(|| n.keys[0]),
-            Kind::N16(n) => (n.len > 0).then(|| n.keys[0]),
-            Kind::N48(n) => n.index.iter().position(|&s| s != 0).map(|b| b as u8),
-            Kind::N256(n) => n.children.iter().position(Option::is_some).map(|b| b as u8),
-        }
+impl<V> Drop for N16<V> {
+    fn drop(&mut self) {
+        drop_children(&mut self.children);
+    }
+}
+
+impl<V> Drop for N48<V> {
+    fn drop(&mut self) {
+        drop_children(&mut self.children);
+    }
+}
+
+impl<V> Drop for N256<V> {
+    fn drop(&mut self) {
+        drop_children(&mut self.children);
     }
 }

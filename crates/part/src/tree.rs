@@ -2,10 +2,8 @@
 
 use std::ops::{Bound, RangeBounds};
 
-use triomphe::Arc;
-
 use crate::iter::{IntoIter, Iter, Raw, Scan};
-use crate::node::{Child, Node};
+use crate::node::Child;
 use crate::txn::Txn;
 use crate::watch::Watch;
 use crate::{bytes, Error};
@@ -59,7 +57,7 @@ impl<V> Tree<V> {
     /// An empty tree with the given options.
     pub fn with_options(opts: Options) -> Self {
         Tree {
-            root: Arc::new(Node::empty_inner(&[])),
+            root: Child::empty_inner(&[]),
             len: 0,
             opts,
         }
@@ -67,7 +65,7 @@ impl<V> Tree<V> {
 
     /// Whether both handles are the same snapshot.
     pub fn ptr_eq(&self, other: &Tree<V>) -> bool {
-        Arc::ptr_eq(&self.root, &other.root)
+        self.root.ptr_eq(&other.root)
     }
 
     /// The options the tree was made with.
@@ -95,26 +93,26 @@ impl<V> Tree<V> {
     /// path).
     pub fn get_watch(&self, key: &[u8]) -> (Option<&V>, Watch) {
         if self.opts.root_only_watch {
-            return (get(&self.root, key), self.root.watch.watch());
+            return (get(&self.root, key), self.root.header().watch.watch());
         }
         let (v, n) = get_with_node(&self.root, key);
-        (v, n.watch.watch())
+        (v, n.header().watch.watch())
     }
 
     /// Iterates the keys under `prefix` and returns a watch that fires once a
     /// later commit changes anything under it.
     pub fn prefix_watch(&self, prefix: &[u8]) -> (Iter<'_, V>, Watch) {
         let w = if self.opts.root_only_watch {
-            self.root.watch.watch()
+            self.root.header().watch.watch()
         } else {
-            prefix_node(&self.root, prefix).watch.watch()
+            prefix_node(&self.root, prefix).header().watch.watch()
         };
         (self.prefix(prefix), w)
     }
 
     /// A watch that fires on the next commit that changes anything.
     pub fn root_watch(&self) -> Watch {
-        self.root.watch.watch()
+        self.root.header().watch.watch()
     }
 
     /// The smallest key and its value.
@@ -170,7 +168,7 @@ impl<V> Tree<V> {
     /// A borrowing iterator over any scan, in either direction.
     pub fn scan(&self, scan: &Scan, rev: bool) -> Iter<'_, V> {
         Iter {
-            raw: Raw::new(&*self.root, scan, rev),
+            raw: Raw::new(&self.root, scan, rev),
         }
     }
 
@@ -231,11 +229,11 @@ pub(crate) fn range_scan<'k, R: RangeBounds<&'k [u8]>>(range: R) -> Scan {
 
 /// Lookup without watch tracking (the hot path).
 #[inline]
-pub(crate) fn get<'a, V>(root: &'a Node<V>, key: &[u8]) -> Option<&'a V> {
+pub(crate) fn get<'a, V>(root: &'a Child<V>, key: &[u8]) -> Option<&'a V> {
     let mut node = root;
     let mut depth = 0;
     loop {
-        let seg = node.bytes.as_slice();
+        let seg = node.bytes();
         if !bytes::starts_with(&key[depth..], seg) {
             return None;
         }
@@ -245,12 +243,8 @@ pub(crate) fn get<'a, V>(root: &'a Node<V>, key: &[u8]) -> Option<&'a V> {
         } else {
             node.find_child(key[depth])?
         };
-        if child.is_leaf() {
-            return if bytes::eq(&child.bytes, key) {
-                child.leaf_value()
-            } else {
-                None
-            };
+        if let Child::Leaf(l) = child {
+            return bytes::eq(&l.h.bytes, key).then_some(&l.value);
         }
         node = child;
     }
@@ -258,11 +252,14 @@ pub(crate) fn get<'a, V>(root: &'a Node<V>, key: &[u8]) -> Option<&'a V> {
 
 /// Lookup that also returns the node whose watch covers the result: the
 /// leaf when found, else the deepest inner node on the key's path.
-pub(crate) fn get_with_node<'a, V>(root: &'a Node<V>, key: &[u8]) -> (Option<&'a V>, &'a Node<V>) {
+pub(crate) fn get_with_node<'a, V>(
+    root: &'a Child<V>,
+    key: &[u8],
+) -> (Option<&'a V>, &'a Child<V>) {
     let mut node = root;
     let mut depth = 0;
     loop {
-        let seg = node.bytes.as_slice();
+        let seg = node.bytes();
         if !bytes::starts_with(&key[depth..], seg) {
             return (None, node);
         }
@@ -275,9 +272,9 @@ pub(crate) fn get_with_node<'a, V>(root: &'a Node<V>, key: &[u8]) -> (Option<&'a
         let Some(child) = child else {
             return (None, node);
         };
-        if child.is_leaf() {
-            return if bytes::eq(&child.bytes, key) {
-                (child.leaf_value(), child)
+        if let Child::Leaf(l) = child {
+            return if bytes::eq(&l.h.bytes, key) {
+                (Some(&l.value), child)
             } else {
                 (None, node)
             };
@@ -288,18 +285,15 @@ pub(crate) fn get_with_node<'a, V>(root: &'a Node<V>, key: &[u8]) -> (Option<&'a
 
 /// The inner node whose watch covers every key under `prefix`: the node the
 /// prefix ends in, or the deepest inner node on its path.
-pub(crate) fn prefix_node<'a, V>(root: &'a Node<V>, prefix: &[u8]) -> &'a Node<V> {
+pub(crate) fn prefix_node<'a, V>(root: &'a Child<V>, prefix: &[u8]) -> &'a Child<V> {
     let mut node = root;
     let mut depth = 0;
     loop {
-        let seg = node.bytes.as_slice();
+        let seg = node.bytes();
         let r = &prefix[depth..];
-        if r.len() <= seg.len() {
+        if r.len() <= seg.len() || !bytes::starts_with(r, seg) {
             // The prefix ends inside this node's segment (or diverges): any
             // key under it lives here, or would split this node.
-            return node;
-        }
-        if &r[..seg.len()] != seg {
             return node;
         }
         depth += seg.len();

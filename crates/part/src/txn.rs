@@ -8,10 +8,8 @@
 
 use std::ops::RangeBounds;
 
-use triomphe::Arc;
-
 use crate::iter::{IntoIter, Iter, Raw, Scan};
-use crate::node::{Child, Kind, Node};
+use crate::node::{Child, NodeMut};
 use crate::tree::{get, range_scan, Options, Tree};
 use crate::watch::WatchInner;
 use crate::{Error, MAX_KEY_LEN};
@@ -49,7 +47,7 @@ impl<V> Notifier<V> {
 impl<V> Drop for Notifier<V> {
     fn drop(&mut self) {
         for n in self.rec.nodes.drain(..) {
-            n.watch.close();
+            n.header().watch.close();
         }
         for w in self.rec.watches.drain(..) {
             w.close();
@@ -89,21 +87,21 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 }
 
 impl<V: Clone> Recorder<V> {
-    /// Exclusive access to the node in `slot`, copying it if it is shared.
+    /// Makes the node in `slot` private to the transaction, copying it if
+    /// it is shared, and returns exclusive access to it.
     #[inline]
-    fn make_mut<'a>(&mut self, slot: &'a mut Child<V>, is_root: bool) -> &'a mut Node<V> {
-        let track = self.all || is_root;
-        if Arc::get_mut(slot).is_none() {
-            let copy = Arc::new(slot.shallow_clone());
+    fn make_mut<'a>(&mut self, slot: &'a mut Child<V>, is_root: bool) -> NodeMut<'a, V> {
+        if !slot.is_unique() {
+            let copy = slot.copy();
             let old = std::mem::replace(slot, copy);
-            if track {
+            if self.all || is_root {
                 self.nodes.push(old);
             }
         }
-        match Arc::get_mut(slot) {
-            Some(node) => {
+        match slot.get_mut() {
+            Some(mut node) => {
                 // Changed in place: whoever watched the old contents must hear.
-                if let Some(w) = node.watch.take() {
+                if let Some(w) = reborrow(&mut node).take_watch() {
                     self.watches.push(w);
                 }
                 node
@@ -118,6 +116,17 @@ impl<V: Clone> Recorder<V> {
         if self.all {
             self.nodes.push(node);
         }
+    }
+}
+
+/// A shorter-lived `NodeMut` from a longer one.
+fn reborrow<'b, V>(n: &'b mut NodeMut<'_, V>) -> NodeMut<'b, V> {
+    match n {
+        NodeMut::Leaf(x) => NodeMut::Leaf(x),
+        NodeMut::N4(x) => NodeMut::N4(x),
+        NodeMut::N16(x) => NodeMut::N16(x),
+        NodeMut::N48(x) => NodeMut::N48(x),
+        NodeMut::N256(x) => NodeMut::N256(x),
     }
 }
 
@@ -153,61 +162,53 @@ impl<V: Clone> Txn<V> {
         let mut is_root = true;
         loop {
             // Where does the key leave the path through this node?
-            let split = {
-                let n: &Node<V> = slot;
-                if n.is_leaf() {
-                    if crate::bytes::eq(&n.bytes, key) {
+            let split = match &*slot {
+                Child::Leaf(l) => {
+                    if crate::bytes::eq(&l.h.bytes, key) {
                         return Ok(Some(replace_leaf(rec, slot, key, f)));
                     }
-                    Some(common_prefix(&n.bytes[depth..], &key[depth..]))
-                } else if crate::bytes::starts_with(&key[depth..], &n.bytes) {
-                    None
-                } else {
-                    Some(common_prefix(&n.bytes, &key[depth..]))
+                    Some(common_prefix(&l.h.bytes[depth..], &key[depth..]))
                 }
+                n if crate::bytes::starts_with(&key[depth..], n.bytes()) => None,
+                n => Some(common_prefix(n.bytes(), &key[depth..])),
             };
             if let Some(cp) = split {
                 // A new inner node takes the common part; the old node and
                 // the new leaf hang below it.
-                let mut inner = Node::empty_inner(&key[depth..depth + cp]);
-                inner.place(depth + cp, Node::leaf(key, f(None)));
-                let mut old = std::mem::replace(slot, Arc::new(inner));
+                let mut inner = Child::empty_inner(&key[depth..depth + cp]);
+                inner.place(depth + cp, Child::leaf(key, f(None)));
+                let mut old = std::mem::replace(slot, inner);
                 if !old.is_leaf() {
-                    rec.make_mut(&mut old, false).bytes.drain(..cp);
+                    rec.make_mut(&mut old, false).header_mut().bytes.drain(..cp);
                 }
-                match Arc::get_mut(slot) {
-                    Some(inner) => inner.place(depth + cp, old),
-                    None => unreachable!("a fresh node is unique"),
-                }
+                slot.place(depth + cp, old);
                 self.len += 1;
                 return Ok(None);
             }
-            let node = rec.make_mut(slot, is_root);
+            rec.make_mut(slot, is_root);
             is_root = false;
-            depth += node.bytes.len();
+            depth += slot.bytes().len();
             if depth == key.len() {
-                let Some(term) = node.terminal_mut() else {
-                    unreachable!("inner nodes have a terminal slot")
+                let term = slot.get_mut().and_then(NodeMut::terminal_mut);
+                let Some(term) = term else {
+                    unreachable!("a private inner node")
                 };
                 return Ok(match term {
                     Some(leaf) => Some(replace_leaf(rec, leaf, key, f)),
                     None => {
-                        *term = Some(Node::leaf(key, f(None)));
+                        *term = Some(Child::leaf(key, f(None)));
                         self.len += 1;
                         None
                     }
                 });
             }
             let b = key[depth];
-            if node.find_child(b).is_none() {
-                node.add_child(b, Node::leaf(key, f(None)));
+            if slot.find_child(b).is_none() {
+                slot.add_child(b, Child::leaf(key, f(None)));
                 self.len += 1;
                 return Ok(None);
             }
-            match node.find_child_mut(b) {
-                Some(child) => slot = child,
-                None => unreachable!("child checked above"),
-            }
+            slot = child_slot(slot, b);
         }
     }
 
@@ -222,14 +223,18 @@ impl<V: Clone> Txn<V> {
             // Some(leaf) once the key's leaf is unlinked from this node;
             // None to descend.
             let unlinked = {
-                let node = rec.make_mut(slot, is_root);
-                depth += node.bytes.len();
+                rec.make_mut(slot, is_root);
+                depth += slot.bytes().len();
                 if depth == key.len() {
-                    Some(node.terminal_mut().and_then(Option::take))
-                } else if node.find_child(key[depth]).is_some_and(|c| !c.is_leaf()) {
+                    Some(
+                        slot.get_mut()
+                            .and_then(NodeMut::terminal_mut)
+                            .and_then(Option::take),
+                    )
+                } else if slot.find_child(key[depth]).is_some_and(|c| !c.is_leaf()) {
                     None
                 } else {
-                    Some(node.remove_child(key[depth]))
+                    Some(slot.remove_child(key[depth]))
                 }
             };
             match unlinked {
@@ -282,7 +287,7 @@ impl<V: Clone> Txn<V> {
     /// A borrowing iterator over any scan of the transaction's state.
     pub fn scan(&self, scan: &Scan, rev: bool) -> Iter<'_, V> {
         Iter {
-            raw: Raw::new(&*self.root, scan, rev),
+            raw: Raw::new(&self.root, scan, rev),
         }
     }
 
@@ -302,7 +307,7 @@ impl<V: Clone> Txn<V> {
 
     /// Removes every key.
     pub fn clear(&mut self) {
-        let empty = Arc::new(Node::empty_inner(&[]));
+        let empty = Child::empty_inner(&[]);
         let old = std::mem::replace(&mut self.root, empty);
         self.len = 0;
         if !self.rec.all {
@@ -346,7 +351,7 @@ impl<V: Clone> Txn<V> {
 
 /// The slot of the child under `b` of the (private) node in `slot`.
 fn child_slot<V>(slot: &mut Child<V>, b: u8) -> &mut Child<V> {
-    match Arc::get_mut(slot).and_then(|n| n.find_child_mut(b)) {
+    match slot.get_mut().and_then(|n| n.child_mut(b)) {
         Some(c) => c,
         None => unreachable!("descending into a private node's existing child"),
     }
@@ -359,22 +364,19 @@ fn replace_leaf<V: Clone, F: FnOnce(Option<&V>) -> V>(
     key: &[u8],
     f: F,
 ) -> V {
-    if let Some(node) = Arc::get_mut(slot) {
-        if let Some(w) = node.watch.take() {
+    if let Some(NodeMut::Leaf(leaf)) = slot.get_mut() {
+        if let Some(w) = leaf.h.watch.take() {
             rec.watches.push(w);
         }
-        if let Kind::Leaf(v) = &mut node.kind {
-            let new = f(Some(v));
-            return std::mem::replace(v, new);
-        }
+        let new = f(Some(&leaf.value));
+        return std::mem::replace(&mut leaf.value, new);
     }
     let new = f(slot.leaf_value());
-    let old = std::mem::replace(slot, Node::leaf(key, new));
+    let old = std::mem::replace(slot, Child::leaf(key, new));
     take_value(old, rec)
 }
 
-/// The value of a leaf leaving the tree (moved out when nothing else holds
-/// it, cloned otherwise).
+/// The value of a leaf leaving the tree (cloned: older snapshots may share it).
 fn take_value<V: Clone>(leaf: Child<V>, rec: &mut Recorder<V>) -> V {
     let value = match leaf.leaf_value() {
         Some(v) => v.clone(),
@@ -388,30 +390,29 @@ fn take_value<V: Clone>(leaf: Child<V>, rec: &mut Recorder<V>) -> V {
 /// `slot` after a removal: a node left with only a terminal becomes that
 /// leaf; a node left with one child and no terminal merges into it.
 fn normalize<V: Clone>(rec: &mut Recorder<V>, slot: &mut Child<V>) {
-    let (children, has_terminal) = (slot.num_children(), slot.terminal().is_some());
-    match (children, has_terminal) {
+    match (slot.num_children(), slot.terminal().is_some()) {
         (0, true) => {
-            let Some(node) = Arc::get_mut(slot) else {
-                unreachable!("normalize runs on a private node")
-            };
-            if let Some(leaf) = node.terminal_mut().and_then(Option::take) {
+            if let Some(leaf) = slot
+                .get_mut()
+                .and_then(NodeMut::terminal_mut)
+                .and_then(Option::take)
+            {
                 *slot = leaf;
             }
         }
         (1, false) => {
-            let Some(node) = Arc::get_mut(slot) else {
-                unreachable!("normalize runs on a private node")
-            };
-            let Some(b) = node.first_child_byte() else {
+            let Some(b) = slot.first_child_byte() else {
                 unreachable!("one child")
             };
-            let Some(mut child) = node.remove_child(b) else {
+            let Some(mut child) = slot.remove_child(b) else {
                 unreachable!("child present")
             };
             if !child.is_leaf() {
-                let segment = std::mem::take(&mut node.bytes);
-                let c = rec.make_mut(&mut child, false);
-                let mut joined = segment;
+                let Some(node) = slot.get_mut() else {
+                    unreachable!("normalize runs on a private node")
+                };
+                let mut joined = std::mem::take(&mut node.header_mut().bytes);
+                let c = rec.make_mut(&mut child, false).header_mut();
                 joined.extend_from_slice(&c.bytes);
                 c.bytes = joined;
             }

@@ -1,0 +1,63 @@
+//! Runs one benchmark workload a fixed number of times, for profilers that
+//! count instructions (`valgrind --tool=callgrind`) rather than time.
+//!
+//! `cargo run --release -p part --example workload -- insert 200`
+
+use part::{Options, Tree};
+
+fn key(i: u32) -> [u8; 4] {
+    (1000 + i).to_be_bytes()
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let what = args.next().unwrap_or_else(|| "insert".into());
+    let reps: u32 = args.next().and_then(|s| s.parse().ok()).unwrap_or(100);
+    let ro = Options {
+        root_only_watch: true,
+    };
+    let mut t = Tree::with_options(ro).txn();
+    for i in 0..1000 {
+        t.insert(&key(i), i).unwrap();
+    }
+    let mut base = t.commit();
+    let mut sink = 0u64;
+    for _ in 0..reps {
+        match what.as_str() {
+            "insert" => {
+                let mut t = Tree::new().txn();
+                for i in 0..1000 {
+                    t.insert(&key(i), i).unwrap();
+                }
+                sink += t.commit().len() as u64;
+            }
+            "modify" => {
+                let mut t = base.txn();
+                for i in 0..1000 {
+                    t.modify(&key(i), |v| v.copied().unwrap_or(0)).unwrap();
+                }
+                base = t.commit();
+            }
+            "get" => {
+                for i in 0..1000 {
+                    sink += *base.get(&key(i)).unwrap() as u64;
+                }
+            }
+            "all" => {
+                sink += base.iter().map(|(_, v)| *v as u64).sum::<u64>();
+            }
+            "delete" => {
+                let mut t = base.txn();
+                for i in 0..1000 {
+                    t.delete(&key(i));
+                }
+                sink += t.len() as u64;
+            }
+            other => {
+                eprintln!("unknown workload {other}: insert | modify | get | all | delete");
+                std::process::exit(2);
+            }
+        }
+    }
+    println!("{sink}");
+}
