@@ -504,6 +504,12 @@ mod tests {
             random.hit_rate
         );
         assert!(kv.hit_rate <= bound + 1e-9);
+        let st = ix.stats();
+        assert_eq!(
+            st.gaps + st.duplicates + st.unknown_parents + st.unknown_removes,
+            0
+        );
+        assert!(st.events_applied > 0);
         assert!(kv.prefill_tokens < random.prefill_tokens);
         assert_eq!(kv.blocks_requested, random.blocks_requested);
     }

@@ -257,6 +257,23 @@ pub fn render_table(r: &Report) -> String {
                 row(&mut o, s);
             }
         }
+        let bad: Vec<&StressResult> = r
+            .stress
+            .iter()
+            .chain(r.sweeps.iter().flat_map(|s| &s.steps))
+            .filter(|s| s.apply_errors > 0 || s.index_anomalies > 0)
+            .collect();
+        for s in bad {
+            let _ = writeln!(
+                o,
+                "  WARNING: {} ({} event lanes, {} ms) rejected {} events and counted {} event-order anomalies",
+                s.index.name(),
+                s.event_lanes,
+                s.window_ms,
+                s.apply_errors,
+                s.index_anomalies
+            );
+        }
         for (lanes, ratio) in r.sweep_ratios() {
             let _ = writeln!(
                 o,

@@ -157,6 +157,10 @@ pub struct StressResult {
     pub apply_p99_us: f64,
     /// Events the index rejected (should be 0).
     pub apply_errors: u64,
+    /// Event-order anomalies the index counted: id gaps, duplicates, unknown
+    /// parents and removals of blocks not held (should be 0: every worker's
+    /// events arrive complete and in order).
+    pub index_anomalies: u64,
     /// Peak resident memory of the process during the run, MiB (Linux).
     pub peak_rss_mib: Option<f64>,
     /// Resident memory growth while the index was alive, MiB (Linux).
@@ -329,6 +333,8 @@ pub fn run_stress(
     });
     let rss_after = proc_status_mib("VmRSS:");
     let peak = proc_status_mib("VmHWM:");
+    let st = ix.stats();
+    let index_anomalies = st.gaps + st.duplicates + st.unknown_parents + st.unknown_removes;
     drop(ix);
     let elapsed = finished.saturating_duration_since(start).as_secs_f64();
     let window = cfg.window_ms as f64 / 1000.0;
@@ -358,6 +364,7 @@ pub fn run_stress(
         apply_p50_us: us(&apply_h, 0.5),
         apply_p99_us: us(&apply_h, 0.99),
         apply_errors: errors.into_inner(),
+        index_anomalies,
         peak_rss_mib: peak,
         index_rss_mib: match (rss_before, rss_after) {
             (Some(a), Some(b)) => Some((b - a).max(0.0)),
@@ -527,6 +534,10 @@ mod tests {
             assert_eq!(r.queries, q);
             assert_eq!(r.events, e);
             assert_eq!(r.apply_errors, 0, "{index}: events must apply cleanly");
+            assert_eq!(
+                r.index_anomalies, 0,
+                "{index}: events complete and in order"
+            );
             assert_eq!(r.block_ops, tl.block_ops());
             assert!(r.kept_up, "{index} {r:?}");
             assert!(r.elapsed_ms >= 195.0, "deadline-driven: {}", r.elapsed_ms);
