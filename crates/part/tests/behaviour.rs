@@ -266,3 +266,15 @@ fn concurrent_watchers_never_miss_a_commit() {
         assert!(r.join().unwrap() > 0);
     }
 }
+
+#[test]
+fn snapshots_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Tree<u32>>();
+    send_sync::<part::IntoIter<u32>>();
+    send_sync::<part::Entry<String>>();
+    send_sync::<part::Watch>();
+    send::<part::Txn<u32>>();
+    send::<part::Changed>();
+}
