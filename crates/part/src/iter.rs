@@ -400,7 +400,15 @@ fn prefix_successor(p: &[u8]) -> Option<Vec<u8>> {
 
 /// A borrowing iterator: yields `(key, &value)` with no reference counting.
 pub struct Iter<'a, V> {
-    pub(crate) raw: Raw<&'a Child<V>>,
+    raw: Raw<&'a Child<V>>,
+}
+
+impl<'a, V> Iter<'a, V> {
+    pub(crate) fn new(root: &'a Child<V>, scan: &Scan, rev: bool) -> Self {
+        Iter {
+            raw: Raw::new(root, scan, rev),
+        }
+    }
 }
 
 impl<'a, V> Iterator for Iter<'a, V> {
@@ -456,7 +464,15 @@ impl<V: std::fmt::Debug> std::fmt::Debug for Entry<V> {
 /// An owning iterator: holds its snapshot, so it may outlive the tree
 /// handle and cross threads.
 pub struct IntoIter<V> {
-    pub(crate) raw: Raw<Child<V>>,
+    raw: Raw<Child<V>>,
+}
+
+impl<V> IntoIter<V> {
+    pub(crate) fn new(root: &Child<V>, scan: &Scan, rev: bool) -> Self {
+        IntoIter {
+            raw: Raw::new(root.clone(), scan, rev),
+        }
+    }
 }
 
 impl<V> Iterator for IntoIter<V> {

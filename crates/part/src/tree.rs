@@ -2,7 +2,7 @@
 
 use std::ops::{Bound, RangeBounds};
 
-use crate::iter::{IntoIter, Iter, Raw, Scan};
+use crate::iter::{IntoIter, Iter, Scan};
 use crate::node::Child;
 use crate::txn::Txn;
 use crate::watch::Watch;
@@ -167,17 +167,13 @@ impl<V> Tree<V> {
 
     /// A borrowing iterator over any scan, in either direction.
     pub fn scan(&self, scan: &Scan, rev: bool) -> Iter<'_, V> {
-        Iter {
-            raw: Raw::new(&self.root, scan, rev),
-        }
+        Iter::new(&self.root, scan, rev)
     }
 
     /// An owning iterator over any scan: it keeps this snapshot alive and can
     /// outlive the handle it came from.
     pub fn scan_owned(&self, scan: &Scan, rev: bool) -> IntoIter<V> {
-        IntoIter {
-            raw: Raw::new(self.root.clone(), scan, rev),
-        }
+        IntoIter::new(&self.root, scan, rev)
     }
 }
 

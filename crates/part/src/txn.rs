@@ -8,7 +8,7 @@
 
 use std::ops::RangeBounds;
 
-use crate::iter::{IntoIter, Iter, Raw, Scan};
+use crate::iter::{IntoIter, Iter, Scan};
 use crate::node::{Child, NodeMut};
 use crate::tree::{get, range_scan, Options, Tree};
 use crate::watch::WatchInner;
@@ -286,17 +286,13 @@ impl<V: Clone> Txn<V> {
 
     /// A borrowing iterator over any scan of the transaction's state.
     pub fn scan(&self, scan: &Scan, rev: bool) -> Iter<'_, V> {
-        Iter {
-            raw: Raw::new(&self.root, scan, rev),
-        }
+        Iter::new(&self.root, scan, rev)
     }
 
     /// An owning iterator over the transaction's current state. It shares
     /// nodes with the transaction, so later writes copy them again.
     pub fn scan_owned(&self, scan: &Scan, rev: bool) -> IntoIter<V> {
-        IntoIter {
-            raw: Raw::new(self.root.clone(), scan, rev),
-        }
+        IntoIter::new(&self.root, scan, rev)
     }
 
     /// Checks the structural invariants of the transaction's current tree.
