@@ -64,7 +64,10 @@ pub fn escape_nonunique(key: &[u8], out: &mut Vec<u8>) {
 /// Whether stored keys are nibble-expanded (see the design doc: a node then
 /// has at most 16 children, so copying it on write bumps at most 16
 /// reference counts instead of up to 256).
-pub(crate) const NIBBLES: bool = true;
+pub(crate) const NIBBLES: bool = false;
+
+/// Whether revision-index and graveyard keys are nibble-expanded.
+pub(crate) const REV_NIBBLES: bool = true;
 
 /// How many stored bytes one encoded byte takes.
 pub(crate) const STORED_PER_BYTE: usize = if NIBBLES { 2 } else { 1 };
@@ -103,7 +106,7 @@ pub(crate) fn expand_escaped(raw: &[u8], terminate: bool, out: &mut Vec<u8>) {
 #[inline]
 pub(crate) fn rev_key(r: u64) -> SmallVec<[u8; 16]> {
     let b = r.to_be_bytes();
-    if NIBBLES {
+    if REV_NIBBLES {
         b.iter().flat_map(|&x| [x >> 4, x & 0xf]).collect()
     } else {
         SmallVec::from_slice(&b)
@@ -113,7 +116,7 @@ pub(crate) fn rev_key(r: u64) -> SmallVec<[u8; 16]> {
 /// The revision of a revision-index or graveyard key.
 pub(crate) fn decode_rev(k: &[u8]) -> u64 {
     let mut r = 0u64;
-    if NIBBLES {
+    if REV_NIBBLES {
         for &n in k.iter().take(16) {
             r = (r << 4) | (n & 0xf) as u64;
         }
