@@ -28,12 +28,23 @@ use node::{Node, NodeRef, Wid};
 
 type FMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-/// Where a worker's block lives: a node hint and the block's absolute
-/// depth. The hint may be stale after splits and merges; `lock_loc`
+/// Where a worker's block lives: a slot of the worker's node table and the
+/// block's absolute depth (16 bytes with its key in the worker's map).
+/// The slot's node may be stale after splits and merges; `lock_loc`
 /// resolves it by following `link` (tail or forward) pointers.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Loc {
-    node: NodeRef,
+    slot: u32,
     depth: u32,
+}
+
+/// One entry of a worker's node table: a node some of the worker's map
+/// entries point into, and how many do. Holding the `Arc` once per
+/// (worker, node) instead of once per block keeps map entries small and
+/// avoids a reference-count update per stored block.
+struct Slot {
+    node: Option<NodeRef>,
+    refs: u32,
 }
 
 /// Writer-side state of one worker. Only the thread applying that worker's
@@ -42,9 +53,108 @@ pub(crate) struct WorkerState {
     id: Wid,
     last_event_id: Option<u64>,
     blocks: FMap<ExternalHash, Loc>,
+    slots: Vec<Slot>,
+    free_slots: Vec<u32>,
+    /// Node address -> slot, for reusing a slot when adding blocks to a
+    /// node. An address is only present while its slot holds that node's
+    /// `Arc`, so it cannot be a recycled address.
+    slot_of: FMap<usize, u32>,
     /// This worker's counters (summed by `stats`; no shared atomics on the
     /// write path).
     stats: IndexStats,
+}
+
+impl WorkerState {
+    fn new(id: Wid) -> Self {
+        Self {
+            id,
+            last_event_id: None,
+            blocks: FMap::default(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            slot_of: FMap::default(),
+            stats: IndexStats::default(),
+        }
+    }
+
+    /// The slot for `node`, allocated (with no references) if needed.
+    fn slot_for(&mut self, node: &NodeRef) -> u32 {
+        let ptr = Arc::as_ptr(node) as usize;
+        if let Some(&s) = self.slot_of.get(&ptr) {
+            return s;
+        }
+        let slot = Slot {
+            node: Some(Arc::clone(node)),
+            refs: 0,
+        };
+        let s = match self.free_slots.pop() {
+            Some(s) => {
+                self.slots[s as usize] = slot;
+                s
+            }
+            None => {
+                self.slots.push(slot);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.slot_of.insert(ptr, s);
+        s
+    }
+
+    /// Records `ext` at (`slot`, `depth`); false if `ext` is already known.
+    fn insert_block(&mut self, ext: ExternalHash, slot: u32, depth: u32) -> bool {
+        match self.blocks.entry(ext) {
+            hashbrown::hash_map::Entry::Occupied(_) => false,
+            hashbrown::hash_map::Entry::Vacant(v) => {
+                v.insert(Loc { slot, depth });
+                self.slots[slot as usize].refs += 1;
+                true
+            }
+        }
+    }
+
+    /// Frees `slot` if nothing references it.
+    fn free_if_unused(&mut self, slot: u32) {
+        let sl = &mut self.slots[slot as usize];
+        if sl.refs == 0 {
+            if let Some(n) = sl.node.take() {
+                let ptr = Arc::as_ptr(&n) as usize;
+                if self.slot_of.get(&ptr) == Some(&slot) {
+                    self.slot_of.remove(&ptr);
+                }
+                self.free_slots.push(slot);
+            }
+        }
+    }
+
+    /// Drops one reference to `slot`.
+    fn unref(&mut self, slot: u32) {
+        let sl = &mut self.slots[slot as usize];
+        sl.refs -= 1;
+        self.free_if_unused(slot);
+    }
+
+    /// Points `slot` at `live` (the node that absorbed its dead node).
+    fn retarget(&mut self, slot: u32, live: NodeRef) {
+        if let Some(old) = self.slots[slot as usize].node.take() {
+            let ptr = Arc::as_ptr(&old) as usize;
+            if self.slot_of.get(&ptr) == Some(&slot) {
+                self.slot_of.remove(&ptr);
+            }
+        }
+        self.slot_of
+            .entry(Arc::as_ptr(&live) as usize)
+            .or_insert(slot);
+        self.slots[slot as usize].node = Some(live);
+    }
+
+    /// Forgets every block and slot.
+    fn reset(&mut self) {
+        self.blocks = FMap::default();
+        self.slots = Vec::new();
+        self.free_slots = Vec::new();
+        self.slot_of = FMap::default();
+    }
 }
 
 struct WorkerEntry {
@@ -155,12 +265,7 @@ impl ConcurrentIndex {
         Arc::clone(g.entry(w).or_insert_with(|| {
             Arc::new(WorkerEntry {
                 count: AtomicUsize::new(0),
-                state: Mutex::new(WorkerState {
-                    id,
-                    last_event_id: None,
-                    blocks: FMap::default(),
-                    stats: IndexStats::default(),
-                }),
+                state: Mutex::new(WorkerState::new(id)),
             })
         }))
     }

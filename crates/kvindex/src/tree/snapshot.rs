@@ -24,10 +24,12 @@ impl ConcurrentIndex {
             let mut st = e.state.lock();
             let st = &mut *st;
             let mut r = Rev::default();
-            for (ext, loc) in st.blocks.iter_mut() {
-                if let Some(g) = self.lock_loc(loc) {
+            let locs: Vec<(ExternalHash, super::Loc)> =
+                st.blocks.iter().map(|(e, l)| (*e, *l)).collect();
+            for (ext, loc) in locs {
+                if let Some(g) = self.lock_loc(st, loc) {
                     let ptr = Arc::as_ptr(parking_lot::ArcRwLockWriteGuard::rwlock(&g)) as usize;
-                    r.insert((ptr, loc.depth), *ext);
+                    r.insert((ptr, loc.depth), ext);
                 }
             }
             workers.push(DumpWorker {

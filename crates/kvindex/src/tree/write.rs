@@ -29,30 +29,49 @@ impl ConcurrentIndex {
         Arc::ptr_eq(n, &self.root)
     }
 
-    /// Write-locks the live node that holds depth `loc.depth` on the path
-    /// `loc.node` was on, following forward links (merged nodes) and tail
-    /// links (split nodes). Updates the hint. `None` if the block is gone.
-    pub(super) fn lock_loc(&self, loc: &mut Loc) -> Option<WGuard> {
-        let mut n = Arc::clone(&loc.node);
-        let mut hops = 0usize;
+    /// Write-locks the live node that holds `depth` on the path `start`
+    /// was on, following forward links (merged nodes) and tail links (split
+    /// nodes). Also returns the first live node reached from `start` through
+    /// forward links only, if `start` was dead: it contains every depth the
+    /// dead node did, so hints to the dead node may be moved to it.
+    fn resolve(&self, start: NodeRef, depth: u32) -> Option<(WGuard, Option<NodeRef>)> {
+        let mut n = start;
+        // True while every hop so far followed a dead node's forward link.
+        let mut fwd_only = true;
+        let mut absorber = None;
         loop {
             let g = n.write_arc();
-            let next = if g.dead {
-                g.link.clone()?
-            } else if loc.depth < g.start {
-                return None;
-            } else if loc.depth >= g.end() {
-                g.link.clone()?
-            } else {
-                if hops > 0 {
-                    loc.node = n;
+            if g.dead {
+                let f = g.link.clone()?;
+                drop(g);
+                if fwd_only {
+                    absorber = Some(Arc::clone(&f));
                 }
-                return Some(g);
-            };
+                n = f;
+                continue;
+            }
+            fwd_only = false;
+            if depth < g.start {
+                return None;
+            }
+            if depth < g.end() {
+                return Some((g, absorber));
+            }
+            let t = g.link.clone()?;
             drop(g);
-            n = next;
-            hops += 1;
+            n = t;
         }
+    }
+
+    /// Write-locks the node holding a worker's block at `loc`, moving the
+    /// slot off a merged-away node when one is found.
+    pub(super) fn lock_loc(&self, ws: &mut WorkerState, loc: Loc) -> Option<WGuard> {
+        let start = ws.slots[loc.slot as usize].node.clone()?;
+        let (g, absorber) = self.resolve(start, loc.depth)?;
+        if let Some(a) = absorber {
+            ws.retarget(loc.slot, a);
+        }
+        Some(g)
     }
 
     /// Write-locks the parent of a node with first depth `start` and parent
@@ -61,11 +80,7 @@ impl ConcurrentIndex {
         if start == 0 {
             return Some(self.root.write_arc());
         }
-        let mut loc = Loc {
-            node: hint?,
-            depth: start - 1,
-        };
-        self.lock_loc(&mut loc)
+        self.resolve(hint?, start - 1).map(|(g, _)| g)
     }
 
     pub(super) fn stored(
@@ -81,9 +96,9 @@ impl ConcurrentIndex {
         let mut cur: Option<WGuard> = None;
         let mut next = 0usize;
         if let Some(p) = parent {
-            let g = ws.blocks.get_mut(&p).and_then(|loc| {
+            let g = ws.blocks.get(&p).copied().and_then(|loc| {
                 let d = loc.depth;
-                self.lock_loc(loc).map(|g| (g, d))
+                self.lock_loc(ws, loc).map(|g| (g, d))
             });
             match g {
                 Some((g, d)) if set_contains(&g.workers, w) => {
@@ -107,19 +122,18 @@ impl ConcurrentIndex {
             let b = blocks[i];
             // A block the worker already holds under this id: a replay.
             // The chain continues from where that block lives.
-            if ws.blocks.contains_key(&b.external) {
+            if let Some(&loc) = ws.blocks.get(&b.external) {
                 drop(cur.take());
-                let loc = ws.blocks.get_mut(&b.external).expect("present");
-                let d = loc.depth;
-                match self.lock_loc(loc) {
+                match self.lock_loc(ws, loc) {
                     Some(g) => {
-                        next = (d - g.start) as usize + 1;
+                        next = (loc.depth - g.start) as usize + 1;
                         cur = Some(g);
                     }
                     None => {
                         // Unreachable while the invariants hold; recover by
                         // forgetting the entry and storing the block anew.
                         ws.blocks.remove(&b.external);
+                        ws.unref(loc.slot);
                         continue;
                     }
                 }
@@ -166,20 +180,17 @@ impl ConcurrentIndex {
                 drop(cur.take());
                 if !set_contains(&cg.workers, w) {
                     let mut m = 0usize;
+                    let slot = ws.slot_for(&c);
                     while m < cg.blocks.len() && i + m < blocks.len() {
                         let bb = blocks[i + m];
-                        if cg.blocks[m] != bb.local || ws.blocks.contains_key(&bb.external) {
+                        if cg.blocks[m] != bb.local
+                            || !ws.insert_block(bb.external, slot, cg.start + m as u32)
+                        {
                             break;
                         }
-                        ws.blocks.insert(
-                            bb.external,
-                            Loc {
-                                node: Arc::clone(&c),
-                                depth: cg.start + m as u32,
-                            },
-                        );
                         m += 1;
                     }
+                    ws.free_if_unused(slot);
                     debug_assert!(m > 0);
                     if m < cg.blocks.len() {
                         if cg.workers.is_empty() && cg.children.is_none() {
@@ -277,45 +288,40 @@ impl ConcurrentIndex {
         let mut depth = start;
         run.reserve(blocks.len() - i);
         ws.blocks.reserve(blocks.len() - i);
+        let slot = ws.slot_for(node);
         while let Some(bb) = blocks.get(i + n) {
-            if (depth as u64) >= MAX_DEPTH {
+            if (depth as u64) >= MAX_DEPTH || !ws.insert_block(bb.external, slot, depth) {
                 break;
-            }
-            match ws.blocks.entry(bb.external) {
-                hashbrown::hash_map::Entry::Occupied(_) => break,
-                hashbrown::hash_map::Entry::Vacant(v) => {
-                    v.insert(Loc {
-                        node: Arc::clone(node),
-                        depth,
-                    });
-                }
             }
             run.push(bb.local);
             n += 1;
             depth += 1;
         }
+        ws.free_if_unused(slot);
         n
     }
 
     pub(super) fn removed(&self, ws: &mut WorkerState, hashes: &[ExternalHash]) {
         for h in hashes {
-            let Some(mut loc) = ws.blocks.remove(h) else {
+            let Some(loc) = ws.blocks.remove(h) else {
                 ws.stats.unknown_removes += 1;
                 continue;
             };
-            if self.remove_block(ws.id, &mut loc) {
+            if self.remove_block(ws, loc) {
                 ws.stats.blocks_removed += 1;
             } else {
                 ws.stats.unknown_removes += 1;
             }
+            ws.unref(loc.slot);
         }
         if ws.blocks.capacity() > 64 && ws.blocks.len() * 4 < ws.blocks.capacity() {
             ws.blocks.shrink_to_fit();
         }
     }
 
-    fn remove_block(&self, w: super::Wid, loc: &mut Loc) -> bool {
-        let Some(mut g) = self.lock_loc(loc) else {
+    fn remove_block(&self, ws: &mut WorkerState, loc: Loc) -> bool {
+        let w = ws.id;
+        let Some(mut g) = self.lock_loc(ws, loc) else {
             return false;
         };
         if !set_contains(&g.workers, w) {
@@ -356,9 +362,10 @@ impl ConcurrentIndex {
         let w = ws.id;
         let mut nodes: HashMap<usize, NodeRef, foldhash::fast::RandomState> = HashMap::default();
         let mut removed = 0u64;
-        for (_, mut loc) in ws.blocks.drain() {
+        let locs: Vec<Loc> = ws.blocks.values().copied().collect();
+        for loc in locs {
             removed += 1;
-            let Some(mut g) = self.lock_loc(&mut loc) else {
+            let Some(mut g) = self.lock_loc(ws, loc) else {
                 continue;
             };
             if set_remove(&mut g.workers, w) {
@@ -366,7 +373,7 @@ impl ConcurrentIndex {
                 nodes.insert(Arc::as_ptr(&n) as usize, n);
             }
         }
-        ws.blocks = Default::default();
+        ws.reset();
         ws.stats.blocks_removed += removed;
         for (_, n) in nodes {
             let empty = {
