@@ -191,7 +191,7 @@ pub struct ReplayArgs {
 
     /// The whole timeline is replayed within this window, ms (shorter =
     /// higher rate).
-    #[arg(long, default_value_t = 2000, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), help_heading = "Index stress replay")]
+    #[arg(long, default_value_t = 2500, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), help_heading = "Index stress replay")]
     pub window_ms: u64,
 
     /// Event-applying threads to try (comma-separated list); each worker's
