@@ -78,6 +78,47 @@ fn tiny_synthetic_run_prints_both_sections_and_writes_outputs() {
 }
 
 #[test]
+fn stress_only_sweep_reports_sustained_rates() {
+    let out = arbor(&[
+        "kv",
+        "replay",
+        "--synth-duration-s",
+        "20",
+        "--synth-session-rate",
+        "2",
+        "--workers",
+        "4",
+        "--stress",
+        "--sweep",
+        "--window-ms",
+        "32",
+        "--sweep-min-ms",
+        "8",
+        "--sweep-max-ms",
+        "128",
+        "--sweep-steps",
+        "1",
+        "--event-lanes",
+        "1",
+        "--impls",
+        "ours,null",
+        "--no-progress",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(!stdout.contains("Routing comparison"), "{stdout}");
+    assert!(
+        stdout.contains("sweep ours with 1 event lane(s)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("sweep null with 1 event lane(s)"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("WARNING"), "{stdout}");
+}
+
+#[test]
 fn trace_run_and_malformed_lines() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.jsonl");
