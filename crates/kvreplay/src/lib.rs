@@ -128,8 +128,14 @@ pub fn run(args: &ReplayArgs) -> Result<Report, Error> {
             args.sweep_min_ms, args.sweep_max_ms
         )));
     }
+    let spinner = bar(0, "loading workload".into(), show);
+    spinner.set_style(
+        ProgressStyle::with_template("{spinner} {msg} [{elapsed_precise}]")
+            .expect("valid template"),
+    );
     let (workload, summary) = load_workload(args)?;
     let hashes = request_hashes(&workload);
+    spinner.finish_and_clear();
 
     let do_stress = !args.no_stress && !args.impls.is_empty();
     let mut policies: Vec<PolicyKind> = if args.stress {
