@@ -3,7 +3,8 @@
 //! seen by a reader watching B. Go statedb's `BenchmarkDB_PropagationDelay`
 //! (batches of 10). Prints p50/p90/p99 in µs.
 //!
-//! `cargo bench -p statedb --bench propagation [-- ROUNDS]`
+//! `cargo bench -p statedb --bench propagation [-- ROUNDS]`; both threads
+//! spin up to 50 µs before blocking (`STATEDB_BENCH_NOSPIN=1`: block at once).
 
 mod common;
 
@@ -16,11 +17,22 @@ use statedb::{Db, DbOptions};
 
 const BATCH: u64 = 10;
 
+/// Both sides wait with [`statedb::wait_spin`]: poll for `spin`, then
+/// block (`STATEDB_BENCH_NOSPIN=1`: block at once).
+fn wait(w: &statedb::Watch, spin: Duration, timeout: Duration) -> bool {
+    statedb::wait_spin(w, spin, timeout)
+}
+
 fn main() {
     let rounds: usize = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(20_000);
+    let spin = if std::env::var_os("STATEDB_BENCH_NOSPIN").is_some() {
+        Duration::ZERO
+    } else {
+        Duration::from_micros(50)
+    };
     let db = Db::with_options(DbOptions::default());
     let a = new_db_named(&db, "a", false);
     let b = new_db_named(&db, "b", false);
@@ -47,7 +59,7 @@ fn main() {
                     }
                     w.commit().unwrap();
                 }
-                watch.wait_timeout(Duration::from_millis(50));
+                wait(&watch, spin, Duration::from_millis(50));
             }
         })
     };
@@ -69,7 +81,7 @@ fn main() {
             if o.is_some() {
                 break;
             }
-            watch.wait();
+            wait(&watch, spin, Duration::from_secs(10));
         }
         if round >= warmup {
             samples.push(start.elapsed().as_nanos() as u64);
@@ -94,6 +106,7 @@ fn main() {
     consumer.join().unwrap();
     samples.sort_unstable();
     let us = |p| pct(&samples, p) as f64 / 1000.0;
+    println!("PropagationDelay (spin {} µs)", spin.as_micros());
     println!(
         "PropagationDelay ({} rounds, batch {BATCH}): p50 {:.1} µs  p90 {:.1} µs  p99 {:.1} µs",
         samples.len(),

@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 use crate::index::{AnyIndex, Index};
 use crate::metrics::TableMetrics;
 use crate::table::{AnyTable, Finished, Storable, Table, TableInner, TableMeta, TableRoot};
-use crate::txn::{Locked, ReadTxn, WriteTxn};
+use crate::txn::{Locked, ReadTxn, Reader, WriteTxn};
 use crate::{Error, Result, Revision};
 
 /// The published state: one root per table, indexed by table id.
@@ -232,6 +232,15 @@ impl Db {
         ReadTxn {
             db_uid: self.inner.uid,
             roots: self.inner.root.load_full(),
+        }
+    }
+
+    /// A per-thread [`Reader`]: fresh snapshots without shared
+    /// reference-count traffic while nothing is committed.
+    pub fn reader(&self) -> Reader {
+        Reader {
+            db: self.inner.clone(),
+            txn: self.read_txn(),
         }
     }
 

@@ -50,6 +50,7 @@ mod metrics;
 mod object;
 mod table;
 mod txn;
+mod wait;
 
 pub use changes::{Change, ChangeKind, Changes};
 pub use db::{Db, DbOptions, TableStats};
@@ -60,7 +61,8 @@ pub use key::{escape_nonunique, IpPrefix, Key};
 pub use object::Object;
 pub use part::{Watch, WatchSet};
 pub use table::{AnyTable, Objects, Storable, Table};
-pub use txn::{ReadTxn, TxnRead, WriteTxn};
+pub use txn::{ReadTxn, Reader, TxnRead, WriteTxn};
+pub use wait::wait_spin;
 
 /// A table's revision counter: each write takes the next value.
 pub type Revision = u64;

@@ -56,6 +56,34 @@ pub(crate) fn root_of<'a, T: Storable>(
         .ok_or_else(|| Error::TableNotInSnapshot(meta.name.clone()))
 }
 
+/// A per-thread source of read transactions for hot loops: each
+/// [`Reader::read_txn`] is a fresh snapshot of the latest committed state,
+/// like [`crate::Db::read_txn`], but reuses the previous snapshot's handle
+/// while nothing was committed, so readers on different threads do not
+/// contend on one reference count.
+pub struct Reader {
+    pub(crate) db: Arc<DbInner>,
+    pub(crate) txn: ReadTxn,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader").finish_non_exhaustive()
+    }
+}
+
+impl Reader {
+    /// The latest committed snapshot.
+    #[inline]
+    pub fn read_txn(&mut self) -> &ReadTxn {
+        let cur = self.db.root.load();
+        if !Arc::ptr_eq(&cur, &self.txn.roots) {
+            self.txn.roots = arc_swap::Guard::into_inner(cur);
+        }
+        &self.txn
+    }
+}
+
 impl ReadTxn {
     pub(crate) fn root<T: Storable>(&self, table: &Table<T>) -> Result<&TableRoot<T>> {
         root_of(self.db_uid, &self.roots, &table.inner.meta)
