@@ -211,6 +211,11 @@ fn bad_flags_exit_2_with_clap_errors() {
     }
     let scaling = arbor(&["kv", "replay", "--trace", "x", "--block-size", "100"]);
     assert_eq!(scaling.status.code(), Some(1));
+    let t0 = std::time::Instant::now();
+    let unwritable = arbor(&["kv", "replay", "--json", "/nonexistent-dir/r.json"]);
+    assert_eq!(unwritable.status.code(), Some(1));
+    assert!(text(&unwritable.stderr).contains("cannot write"));
+    assert!(t0.elapsed().as_secs() < 5, "fails before running");
 }
 
 #[test]

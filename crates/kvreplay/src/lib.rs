@@ -128,6 +128,13 @@ pub fn run(args: &ReplayArgs) -> Result<Report, Error> {
             args.sweep_min_ms, args.sweep_max_ms
         )));
     }
+    // Fail before the run, not after it, when an output cannot be written.
+    for p in [&args.json, &args.plot].into_iter().flatten() {
+        std::fs::File::create(p).map_err(|source| Error::Output {
+            path: p.clone(),
+            source,
+        })?;
+    }
     let spinner = bar(0, "loading workload".into(), show);
     spinner.set_style(
         ProgressStyle::with_template("{spinner} {msg} [{elapsed_precise}]")
