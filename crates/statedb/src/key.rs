@@ -315,6 +315,12 @@ impl IpPrefix {
     }
 }
 
+impl std::fmt::Display for IpPrefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
 impl Key for IpPrefix {
     fn encode(&self, out: &mut Vec<u8>) {
         self.addr.encode(out);
