@@ -223,25 +223,27 @@ pub(crate) fn range_scan<'k, R: RangeBounds<&'k [u8]>>(range: R) -> Scan {
     Scan::Range(conv(range.start_bound()), conv(range.end_bound()))
 }
 
-/// Lookup without watch tracking (the hot path).
+/// Lookup without watch tracking (the hot path). The root's segment is
+/// empty and a child's segment starts with the byte it was found under, so
+/// only the rest of each segment is compared.
 #[inline]
 pub(crate) fn get<'a, V>(root: &'a Child<V>, key: &[u8]) -> Option<&'a V> {
     let mut node = root;
     let mut depth = 0;
     loop {
-        let seg = node.bytes();
-        if !bytes::starts_with(&key[depth..], seg) {
-            return None;
-        }
-        depth += seg.len();
-        let child = if depth == key.len() {
+        let Some(&b) = key.get(depth) else {
             return node.terminal()?.leaf_value();
-        } else {
-            node.find_child(key[depth])?
         };
+        let child = node.find_child(b)?;
         if let Child::Leaf(l) = child {
             return bytes::eq(&l.h.bytes, key).then_some(&l.value);
         }
+        let seg = child.bytes();
+        let end = depth + seg.len();
+        if end > key.len() || !bytes::eq(&seg[1..], &key[depth + 1..end]) {
+            return None;
+        }
+        depth = end;
         node = child;
     }
 }
