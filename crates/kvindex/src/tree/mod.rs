@@ -102,6 +102,7 @@ impl WorkerState {
     }
 
     /// Records `ext` at (`slot`, `depth`); false if `ext` is already known.
+    #[inline]
     fn insert_block(&mut self, ext: ExternalHash, slot: u32, depth: u32) -> bool {
         match self.blocks.entry(ext) {
             hashbrown::hash_map::Entry::Occupied(_) => false,
@@ -128,10 +129,13 @@ impl WorkerState {
     }
 
     /// Drops one reference to `slot`.
+    #[inline]
     fn unref(&mut self, slot: u32) {
         let sl = &mut self.slots[slot as usize];
         sl.refs -= 1;
-        self.free_if_unused(slot);
+        if sl.refs == 0 {
+            self.free_if_unused(slot);
+        }
     }
 
     /// Points `slot` at `live` (the node that absorbed its dead node).

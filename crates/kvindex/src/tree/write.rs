@@ -34,13 +34,19 @@ impl ConcurrentIndex {
     /// nodes). Also returns the first live node reached from `start` through
     /// forward links only, if `start` was dead: it contains every depth the
     /// dead node did, so hints to the dead node may be moved to it.
-    fn resolve(&self, start: NodeRef, depth: u32) -> Option<(WGuard, Option<NodeRef>)> {
-        let mut n = start;
+    fn resolve(&self, start: &NodeRef, depth: u32) -> Option<(WGuard, Option<NodeRef>)> {
+        // Fast path: the hint is alive and holds the depth (no extra
+        // reference-count traffic beyond the owned guard's).
+        let g = start.write_arc();
+        if !g.dead && depth >= g.start && depth < g.end() {
+            return Some((g, None));
+        }
+        let mut n: NodeRef;
         // True while every hop so far followed a dead node's forward link.
         let mut fwd_only = true;
         let mut absorber = None;
+        let mut g = g;
         loop {
-            let g = n.write_arc();
             if g.dead {
                 let f = g.link.clone()?;
                 drop(g);
@@ -48,6 +54,7 @@ impl ConcurrentIndex {
                     absorber = Some(Arc::clone(&f));
                 }
                 n = f;
+                g = n.write_arc();
                 continue;
             }
             fwd_only = false;
@@ -60,14 +67,17 @@ impl ConcurrentIndex {
             let t = g.link.clone()?;
             drop(g);
             n = t;
+            g = n.write_arc();
         }
     }
 
     /// Write-locks the node holding a worker's block at `loc`, moving the
     /// slot off a merged-away node when one is found.
     pub(super) fn lock_loc(&self, ws: &mut WorkerState, loc: Loc) -> Option<WGuard> {
-        let start = ws.slots[loc.slot as usize].node.clone()?;
-        let (g, absorber) = self.resolve(start, loc.depth)?;
+        let (g, absorber) = {
+            let start = ws.slots[loc.slot as usize].node.as_ref()?;
+            self.resolve(start, loc.depth)?
+        };
         if let Some(a) = absorber {
             ws.retarget(loc.slot, a);
         }
@@ -80,7 +90,7 @@ impl ConcurrentIndex {
         if start == 0 {
             return Some(self.root.write_arc());
         }
-        self.resolve(hint?, start - 1).map(|(g, _)| g)
+        self.resolve(&hint?, start - 1).map(|(g, _)| g)
     }
 
     pub(super) fn stored(
