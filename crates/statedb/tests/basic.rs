@@ -457,3 +457,25 @@ fn ip_and_tuple_keys() {
     let all: Vec<IpPrefix> = t.all(&r).unwrap().map(|o| o.prefix).collect();
     assert_eq!(all[3], p("::", 0), "IPv6 after IPv4");
 }
+
+#[test]
+fn handles_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<statedb::Db>();
+    send_sync::<statedb::ReadTxn>();
+    send_sync::<statedb::Table<Obj>>();
+    send_sync::<statedb::Index<Obj, u32>>();
+    send_sync::<statedb::Watch>();
+    send::<statedb::WriteTxn>();
+    send::<statedb::Changes<Obj>>();
+    send::<statedb::Reader>();
+    // A write transaction opened on one thread commits on another.
+    let f = fixture();
+    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+    f.table.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+    let r = std::thread::spawn(move || w.commit().unwrap())
+        .join()
+        .unwrap();
+    assert_eq!(f.table.len(&r).unwrap(), 1);
+}
