@@ -284,6 +284,7 @@ impl<P: Ptr> Raw<P> {
         }
     }
 
+    #[inline(always)]
     fn step_fwd(&mut self) -> Option<P> {
         if let Some(p) = self.pending.take() {
             return Some(p);
@@ -301,11 +302,8 @@ impl<P: Ptr> Raw<P> {
                     if c.node().is_leaf() {
                         return Some(c);
                     }
-                    self.stack.push(Frame {
-                        node: c,
-                        pos: 0,
-                        flag: true,
-                    });
+                    let (pos, flag) = (0, true);
+                    self.stack.push(Frame { node: c, pos, flag });
                 }
                 None => {
                     self.stack.pop();
@@ -315,6 +313,7 @@ impl<P: Ptr> Raw<P> {
         None
     }
 
+    #[inline]
     fn step_rev(&mut self) -> Option<P> {
         if let Some(p) = self.pending.take() {
             return Some(p);
@@ -350,6 +349,13 @@ impl<P: Ptr> Raw<P> {
     /// The next leaf in scan order, or `None` once the scan is over.
     #[inline]
     pub(crate) fn next_leaf(&mut self) -> Option<P> {
+        if matches!(self.stop, Stop::Never) && self.skip.is_none() {
+            return if self.rev {
+                self.step_rev()
+            } else {
+                self.step_fwd()
+            };
+        }
         loop {
             let p = if self.rev {
                 self.step_rev()
