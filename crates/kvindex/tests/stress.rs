@@ -59,6 +59,22 @@ fn stress(seed: u64, workers: u64, per_worker: usize, alphabet: u64, lanes: usiz
             }
         }));
     }
+    // A maintenance thread: dumps, counts and stats while writers run (must
+    // neither deadlock nor panic; a dump is per-node consistent only).
+    {
+        let (index, stop) = (Arc::clone(&index), Arc::clone(&stop));
+        handles.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let d = index.dump();
+                let _ = index.stats();
+                for w in index.workers() {
+                    let _ = index.worker_block_count(w);
+                }
+                assert!(d.iter().all(|e| e.worker.worker_id < 1 << 20));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }));
+    }
     // Interleave workers' events round-robin so lanes stay busy together.
     let mut keys: Vec<WorkerKey> = s.events.keys().copied().collect();
     keys.sort();
@@ -92,6 +108,12 @@ fn stress(seed: u64, workers: u64, per_worker: usize, alphabet: u64, lanes: usiz
         }
     }
     check_equal(&reference, &s.model, &[]);
+    // The quiescent dump rebuilds an equal index.
+    let replica = ConcurrentIndex::new();
+    for ev in index.dump() {
+        replica.apply(&ev).expect("dump applies");
+    }
+    check_equal(&replica, &s.model, &[]);
     let st = lanes.stats();
     assert_eq!(st.events_applied, (keys.len() * per_worker) as u64);
     let shape = index.tree_shape();
