@@ -326,7 +326,7 @@ fn table_of(op: &Op) -> usize {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn transactions_match_model(txns in prop::collection::vec(arb_txn(), 1..8)) {
@@ -336,6 +336,15 @@ proptest! {
         for plan in &txns {
             let locks: Vec<&dyn statedb::AnyTable> =
                 plan.lock.iter().map(|&i| &fs[i].table as &dyn statedb::AnyTable).collect();
+            let snap = db.read_txn();
+            let watches: Vec<Vec<(u32, statedb::Watch)>> = fs
+                .iter()
+                .map(|f| {
+                    (0..8u32)
+                        .map(|id| (id, f.table.get_watch(&snap, &f.by_id, &id).unwrap().1))
+                        .collect()
+                })
+                .collect();
             let mut w = db.write_txn(&locks).unwrap();
             let mut working = models.clone();
             for op in &plan.ops {
@@ -354,8 +363,26 @@ proptest! {
             let before = db.read_txn();
             if plan.abort {
                 drop(w);
+                for (i, ws) in watches.iter().enumerate() {
+                    for (id, w) in ws {
+                        prop_assert!(!w.is_closed(), "abort fired table {} id {}", i, id);
+                    }
+                }
             } else {
                 let r = w.commit().unwrap();
+                // Point-get watches fire exactly for the objects whose value or
+                // revision changed (and for every missing key that appeared).
+                for (i, ws) in watches.iter().enumerate() {
+                    for (id, w) in ws {
+                        let old = models[i].objs.get(id);
+                        let new = working[i].objs.get(id);
+                        if old != new {
+                            prop_assert!(w.is_closed(), "table {} id {} changed, no fire", i, id);
+                        } else if old.is_some() {
+                            prop_assert!(!w.is_closed(), "table {} id {} unchanged, fired", i, id);
+                        }
+                    }
+                }
                 models = working;
                 for i in 0..2 {
                     check(&fs[i], &r, &models[i]);

@@ -18,7 +18,7 @@ use statedb::{AnyTable, ChangeKind, Db, DbOptions, Error};
 
 const TOKENS: std::ops::Range<u32> = 1000..1010;
 const WRITERS: usize = 4;
-const TXNS: usize = 1000;
+const TXNS: usize = 2000;
 
 fn tok(id: u32) -> Obj {
     obj(id, &format!("tok{id}"), &["token"], 0)
