@@ -13,6 +13,29 @@ pub(crate) fn starts_with(hay: &[u8], needle: &[u8]) -> bool {
     hay.len() >= needle.len() && eq_same_len(&hay[..needle.len()], needle)
 }
 
+/// A key buffer: short keys are copied inline with word moves rather than a
+/// `memcpy` call.
+#[inline(always)]
+pub(crate) fn small(b: &[u8]) -> crate::node::Bytes {
+    let n = b.len();
+    if n > 16 {
+        return crate::node::Bytes::from_slice(b);
+    }
+    let mut buf = [0u8; 16];
+    if n >= 8 {
+        buf[..8].copy_from_slice(&b[..8]);
+        buf[n - 8..n].copy_from_slice(&b[n - 8..]);
+    } else if n >= 4 {
+        buf[..4].copy_from_slice(&b[..4]);
+        buf[n - 4..n].copy_from_slice(&b[n - 4..]);
+    } else {
+        for i in 0..n {
+            buf[i] = b[i];
+        }
+    }
+    crate::node::Bytes::from_buf_and_len(buf, n)
+}
+
 /// Compares two slices of equal length with (possibly overlapping) word
 /// loads from both ends.
 #[inline(always)]
@@ -59,6 +82,7 @@ mod tests {
             prop_assert_eq!(super::starts_with(&a, &b), a.starts_with(&b));
             let same = a.clone();
             prop_assert!(super::eq(&a, &same));
+            prop_assert_eq!(super::small(&a).as_slice(), a.as_slice());
         }
     }
 }

@@ -37,9 +37,10 @@ pub(crate) struct Header {
 }
 
 impl Header {
+    #[inline]
     fn new(bytes: &[u8]) -> Self {
         Header {
-            bytes: Bytes::from_slice(bytes),
+            bytes: crate::bytes::small(bytes),
             watch: LazyWatch::new(),
         }
     }
@@ -658,7 +659,15 @@ impl<'a, V> NodeMut<'a, V> {
                 n.len += 1;
             }
             NodeMut::N48(n) => {
-                if let Some(slot) = n.children.iter().position(Option::is_none) {
+                // Slots fill in order until a removal frees one: try `len`
+                // before scanning.
+                let len = n.len as usize;
+                let free = if n.children.get(len).is_some_and(Option::is_none) {
+                    Some(len)
+                } else {
+                    n.children.iter().position(Option::is_none)
+                };
+                if let Some(slot) = free {
                     n.children[slot] = Some(child);
                     n.index[b as usize] = slot as u8 + 1;
                     n.len += 1;
