@@ -29,9 +29,7 @@ pub(crate) fn small(b: &[u8]) -> crate::node::Bytes {
         buf[..4].copy_from_slice(&b[..4]);
         buf[n - 4..n].copy_from_slice(&b[n - 4..]);
     } else {
-        for i in 0..n {
-            buf[i] = b[i];
-        }
+        buf[..n].copy_from_slice(b);
     }
     crate::node::Bytes::from_buf_and_len(buf, n)
 }
@@ -82,7 +80,8 @@ mod tests {
             prop_assert_eq!(super::starts_with(&a, &b), a.starts_with(&b));
             let same = a.clone();
             prop_assert!(super::eq(&a, &same));
-            prop_assert_eq!(super::small(&a).as_slice(), a.as_slice());
+            let copied = super::small(&a);
+            prop_assert_eq!(copied.as_slice(), a.as_slice());
         }
     }
 }
