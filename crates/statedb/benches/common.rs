@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use statedb::{Db, DbOptions, Index, Table};
+use statedb::{Db, DbOptions, Index, KeyLayout, Table, TableOptions};
 
 #[derive(Clone, Debug)]
 pub(crate) struct TestObject {
@@ -23,7 +23,20 @@ pub(crate) fn new_db(secondary: bool) -> Bench {
     new_db_named(&Db::with_options(DbOptions::default()), "test", secondary)
 }
 
+pub(crate) fn new_db_layout(secondary: bool, key_layout: KeyLayout) -> Bench {
+    new_db_with(
+        &Db::with_options(DbOptions::default()),
+        "test",
+        secondary,
+        key_layout,
+    )
+}
+
 pub(crate) fn new_db_named(db: &Db, name: &str, secondary: bool) -> Bench {
+    new_db_with(db, name, secondary, KeyLayout::Bytes)
+}
+
+pub(crate) fn new_db_with(db: &Db, name: &str, secondary: bool, key_layout: KeyLayout) -> Bench {
     let by_id = Index::unique("id", |o: &TestObject| o.id);
     let by_tag = Index::non_unique_multi("tags", |o: &TestObject| o.tags.iter().copied());
     let sec = if secondary {
@@ -31,7 +44,9 @@ pub(crate) fn new_db_named(db: &Db, name: &str, secondary: bool) -> Bench {
     } else {
         vec![]
     };
-    let table = db.create_table(name, &by_id, &sec).unwrap();
+    let table = db
+        .create_table_with(name, &by_id, &sec, TableOptions { key_layout })
+        .unwrap();
     Bench {
         db: db.clone(),
         table,

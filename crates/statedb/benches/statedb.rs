@@ -17,11 +17,18 @@ use criterion::measurement::Measurement;
 use criterion::{BatchSize, Criterion, Throughput};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
+use statedb::KeyLayout;
 
 const N: u64 = 1000;
 
-fn write_txn_batch<M: Measurement>(c: &mut Criterion<M>, name: &str, batch: u64, secondary: bool) {
-    let b = new_db(secondary);
+fn write_txn_batch<M: Measurement>(
+    c: &mut Criterion<M>,
+    name: &str,
+    batch: u64,
+    secondary: bool,
+    layout: KeyLayout,
+) {
+    let b = new_db_layout(secondary, layout);
     let mk = if secondary { tagged } else { obj };
     let mut g = c.benchmark_group("statedb");
     g.throughput(Throughput::Elements(N));
@@ -48,11 +55,17 @@ fn shuffled(n: u64) -> Vec<u64> {
 }
 
 fn benches<M: Measurement>(c: &mut Criterion<M>) {
-    write_txn_batch(c, "WriteTxn_1", 1, false);
-    write_txn_batch(c, "WriteTxn_10", 10, false);
-    write_txn_batch(c, "WriteTxn_100", 100, false);
-    write_txn_batch(c, "WriteTxn_1000", 1000, false);
-    write_txn_batch(c, "WriteTxn_100_SecondaryIndex", 100, true);
+    write_txn_batch(c, "WriteTxn_1", 1, false, KeyLayout::Bytes);
+    write_txn_batch(c, "WriteTxn_10", 10, false, KeyLayout::Bytes);
+    write_txn_batch(c, "WriteTxn_100", 100, false, KeyLayout::Bytes);
+    write_txn_batch(c, "WriteTxn_1000", 1000, false, KeyLayout::Bytes);
+    write_txn_batch(
+        c,
+        "WriteTxn_100_SecondaryIndex",
+        100,
+        true,
+        KeyLayout::Bytes,
+    );
 
     let mut g = c.benchmark_group("statedb");
     g.throughput(Throughput::Elements(N));
@@ -148,6 +161,30 @@ fn benches<M: Measurement>(c: &mut Criterion<M>) {
     g.bench_function("SequentialLookup", |bn| {
         bn.iter(|| {
             for id in 0..N {
+                black_box(b.table.get(&r, &b.by_id, &id).unwrap());
+            }
+        })
+    });
+    g.finish();
+
+    // The same on nibble-layout tables (write-optimised; see KeyLayout).
+    write_txn_batch(c, "Nibbles/WriteTxn_1", 1, false, KeyLayout::Nibbles);
+    write_txn_batch(c, "Nibbles/WriteTxn_100", 100, false, KeyLayout::Nibbles);
+    write_txn_batch(
+        c,
+        "Nibbles/WriteTxn_100_SecondaryIndex",
+        100,
+        true,
+        KeyLayout::Nibbles,
+    );
+    let mut g = c.benchmark_group("statedb");
+    g.throughput(Throughput::Elements(N));
+    let b = new_db_layout(false, KeyLayout::Nibbles);
+    fill(&b, N);
+    let r = b.db.read_txn();
+    g.bench_function("Nibbles/RandomLookup", |bn| {
+        bn.iter(|| {
+            for &id in &ids {
                 black_box(b.table.get(&r, &b.by_id, &id).unwrap());
             }
         })

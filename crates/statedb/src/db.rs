@@ -12,6 +12,7 @@ use parking_lot::{Mutex, RwLock};
 use smallvec::SmallVec;
 
 use crate::index::{AnyIndex, Index};
+use crate::key::KeyLayout;
 use crate::metrics::TableMetrics;
 use crate::table::{AnyTable, Finished, Storable, Table, TableInner, TableMeta, TableRoot};
 use crate::txn::{Locked, ReadTxn, Reader, WriteTxn};
@@ -37,6 +38,13 @@ impl Default for DbOptions {
             gc_interval: Some(Duration::from_millis(100)),
         }
     }
+}
+
+/// Table options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TableOptions {
+    /// How index keys are stored (see [`KeyLayout`]).
+    pub key_layout: KeyLayout,
 }
 
 /// Per-table figures, as [`Db::stats`] reports them.
@@ -178,6 +186,17 @@ impl Db {
         primary: &Index<T, K>,
         secondary: &[AnyIndex<T>],
     ) -> Result<Table<T>> {
+        self.create_table_with(name, primary, secondary, TableOptions::default())
+    }
+
+    /// [`Db::create_table`] with options.
+    pub fn create_table_with<T: Storable, K>(
+        &self,
+        name: &str,
+        primary: &Index<T, K>,
+        secondary: &[AnyIndex<T>],
+        opts: TableOptions,
+    ) -> Result<Table<T>> {
         validate_name("table", name)?;
         let p = primary.erase();
         if !p.inner.unique || !p.inner.single {
@@ -207,15 +226,20 @@ impl Db {
             name: name.to_string(),
             lock: Arc::new(Mutex::new(Default::default())),
             metrics: TableMetrics::new(name),
+            layout: opts.key_layout,
         });
         let uid = Arc::as_ptr(&meta) as u64;
         for (pos, ix) in indexes.iter().enumerate() {
-            if ix.inner.slot.set((uid, pos)).is_err() {
+            if ix.inner.slot.set((uid, pos, opts.key_layout)).is_err() {
                 return Err(Error::IndexInUse(ix.name().to_string()));
             }
         }
         let n = indexes.len();
-        let inner = Arc::new(TableInner { meta, indexes });
+        let inner = Arc::new(TableInner {
+            meta,
+            indexes,
+            layout: opts.key_layout,
+        });
         {
             let _g = self.inner.commit_lock.lock();
             let mut roots: Roots = (**self.inner.root.load()).clone();

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use smallvec::SmallVec;
 
-use crate::key::{expand, expand_escaped, Key};
+use crate::key::{expand, expand_escaped, Key, KeyLayout};
 
 /// The encoded keys of one object in one index: one buffer, end offsets.
 #[derive(Default, Debug, Clone)]
@@ -59,8 +59,9 @@ pub(crate) struct IndexInner<T> {
     /// Exactly one key per object (required of primary indexes).
     pub(crate) single: bool,
     pub(crate) keys: Box<KeyFn<T>>,
-    /// (table uid, position in the table) once the index joins a table.
-    pub(crate) slot: OnceLock<(u64, usize)>,
+    /// (table uid, position in the table, the table's key layout) once the
+    /// index joins a table.
+    pub(crate) slot: OnceLock<(u64, usize, KeyLayout)>,
 }
 
 /// An index without its key type: what a table is declared with.
@@ -210,16 +211,16 @@ impl<T, K> Index<T, K> {
     /// The stored-key form of a point query: the key itself (unique) or its
     /// escaped, terminated form (non-unique: a prefix of exactly the
     /// entries of this key).
-    pub(crate) fn point<Q: Key + ?Sized>(&self, q: &Q) -> Vec<u8>
+    pub(crate) fn point<Q: Key + ?Sized>(&self, layout: KeyLayout, q: &Q) -> Vec<u8>
     where
         K: Borrow<Q>,
     {
         let plain = q.to_key();
         let mut out = Vec::with_capacity(plain.len() * 2 + 4);
         if self.is_unique() {
-            expand(&plain, &mut out);
+            expand(layout, &plain, &mut out);
         } else {
-            expand_escaped(&plain, true, &mut out);
+            expand_escaped(layout, &plain, true, &mut out);
         }
         out
     }
@@ -227,7 +228,7 @@ impl<T, K> Index<T, K> {
     /// Runs `f` on the stored-key form of a point query, built in a
     /// per-thread buffer (no allocation on the lookup path).
     #[inline]
-    pub(crate) fn with_point<Q, R>(&self, q: &Q, f: impl FnOnce(&[u8]) -> R) -> R
+    pub(crate) fn with_point<Q, R>(&self, layout: KeyLayout, q: &Q, f: impl FnOnce(&[u8]) -> R) -> R
     where
         K: Borrow<Q>,
         Q: Key + ?Sized,
@@ -239,28 +240,28 @@ impl<T, K> Index<T, K> {
                 out.clear();
                 q.encode(raw);
                 if self.is_unique() {
-                    expand(raw, out);
+                    expand(layout, raw, out);
                 } else {
-                    expand_escaped(raw, true, out);
+                    expand_escaped(layout, raw, true, out);
                 }
                 f(out)
             }
             // Re-entered (a key encoder that queries): allocate instead.
-            Err(_) => f(&self.point(q)),
+            Err(_) => f(&self.point(layout, q)),
         })
     }
 
     /// The stored-key form of a prefix query.
-    pub(crate) fn prefix<Q: Key + ?Sized>(&self, q: &Q) -> Vec<u8>
+    pub(crate) fn prefix<Q: Key + ?Sized>(&self, layout: KeyLayout, q: &Q) -> Vec<u8>
     where
         K: Borrow<Q>,
     {
         let plain = q.to_key();
         let mut out = Vec::with_capacity(plain.len() * 2 + 4);
         if self.is_unique() {
-            expand(&plain, &mut out);
+            expand(layout, &plain, &mut out);
         } else {
-            expand_escaped(&plain, false, &mut out);
+            expand_escaped(layout, &plain, false, &mut out);
         }
         out
     }

@@ -61,44 +61,64 @@ pub fn escape_nonunique(key: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(&[0, 0]);
 }
 
-/// Whether stored keys are nibble-expanded (see the design doc: a node then
-/// has at most 16 children, so copying it on write bumps at most 16
-/// reference counts instead of up to 256).
-pub(crate) const NIBBLES: bool = false;
+/// How a table stores its index keys in its trees.
+///
+/// Copying a tree node on write bumps the reference count of each child; a
+/// dense node256 (sequential integer keys) costs 256 of them per copy and as
+/// many when it is freed. `Nibbles` stores each byte as two nibbles, so no
+/// node has more than 16 children: small write transactions get much cheaper,
+/// lookups and scans slower (deeper trees). Order and prefixes are preserved
+/// either way; every query behaves the same.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KeyLayout {
+    /// The encoded bytes as they are (the default): fastest reads.
+    #[default]
+    Bytes,
+    /// Each byte as its high and low nibble: fastest small writes.
+    Nibbles,
+}
 
-/// Whether revision-index and graveyard keys are nibble-expanded.
+impl KeyLayout {
+    /// Stored bytes per encoded byte.
+    pub(crate) fn per_byte(self) -> usize {
+        match self {
+            KeyLayout::Bytes => 1,
+            KeyLayout::Nibbles => 2,
+        }
+    }
+}
+
+/// Revision-index and graveyard keys are always nibble-expanded: revisions
+/// are dense and every write touches them.
 pub(crate) const REV_NIBBLES: bool = true;
 
-/// How many stored bytes one encoded byte takes.
-pub(crate) const STORED_PER_BYTE: usize = if NIBBLES { 2 } else { 1 };
-
-/// Appends the stored form of an encoded key: each byte as its high and low
-/// nibble. Order- and prefix-preserving.
+/// Appends the stored form of an encoded key. Order- and prefix-preserving.
 #[inline]
-pub(crate) fn expand(raw: &[u8], out: &mut Vec<u8>) {
-    if NIBBLES {
-        out.reserve(raw.len() * 2);
-        for &b in raw {
-            out.push(b >> 4);
-            out.push(b & 0xf);
+pub(crate) fn expand(layout: KeyLayout, raw: &[u8], out: &mut Vec<u8>) {
+    match layout {
+        KeyLayout::Bytes => out.extend_from_slice(raw),
+        KeyLayout::Nibbles => {
+            out.reserve(raw.len() * 2);
+            for &b in raw {
+                out.push(b >> 4);
+                out.push(b & 0xf);
+            }
         }
-    } else {
-        out.extend_from_slice(raw);
     }
 }
 
 /// Appends the stored form of `escape_nonunique(raw)` (terminated or, for
 /// prefix queries, not).
-pub(crate) fn expand_escaped(raw: &[u8], terminate: bool, out: &mut Vec<u8>) {
-    out.reserve(raw.len() * STORED_PER_BYTE + 4);
+pub(crate) fn expand_escaped(layout: KeyLayout, raw: &[u8], terminate: bool, out: &mut Vec<u8>) {
+    out.reserve(raw.len() * layout.per_byte() + 4);
     for &b in raw {
-        expand(&[b], out);
+        expand(layout, &[b], out);
         if b == 0 {
-            expand(&[0xff], out);
+            expand(layout, &[0xff], out);
         }
     }
     if terminate {
-        expand(&[0, 0], out);
+        expand(layout, &[0, 0], out);
     }
 }
 

@@ -53,11 +53,11 @@ mod txn;
 mod wait;
 
 pub use changes::{Change, ChangeKind, Changes};
-pub use db::{Db, DbOptions, TableStats};
+pub use db::{Db, DbOptions, TableOptions, TableStats};
 pub use error::Error;
 pub use index::{AnyIndex, Index};
 pub use init::Initializer;
-pub use key::{escape_nonunique, IpPrefix, Key};
+pub use key::{escape_nonunique, IpPrefix, Key, KeyLayout};
 pub use object::Object;
 pub use part::{Watch, WatchSet};
 pub use table::{AnyTable, Objects, Storable, Table};

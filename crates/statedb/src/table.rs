@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use crate::changes::Tracker;
 use crate::index::{AnyIndex, Index, KeyBuf};
-use crate::key::{expand, expand_escaped, rev_key, Key, STORED_PER_BYTE};
+use crate::key::{expand, expand_escaped, rev_key, Key, KeyLayout};
 use crate::metrics::TableMetrics;
 use crate::object::Object;
 use crate::txn::{ReadTxn, TxnRead, WriteTxn};
@@ -61,6 +61,7 @@ pub struct TableMeta {
     pub(crate) name: String,
     pub(crate) lock: Arc<Mutex<WriterState>>,
     pub(crate) metrics: TableMetrics,
+    pub(crate) layout: KeyLayout,
 }
 
 /// A table of any object type: what [`crate::Db::write_txn`] locks.
@@ -75,6 +76,7 @@ pub(crate) struct TableInner<T> {
     pub(crate) meta: Arc<TableMeta>,
     /// `[0]` is the primary index.
     pub(crate) indexes: Vec<AnyIndex<T>>,
+    pub(crate) layout: KeyLayout,
 }
 
 /// A typed handle to a table of objects `T`. Cheap to clone.
@@ -239,6 +241,7 @@ pub struct TableTxn<T> {
     old_keys: KeyBuf,
     /// The stored primary key of the object being written.
     pk: Vec<u8>,
+    layout: KeyLayout,
     scratch: Vec<u8>,
 }
 
@@ -322,19 +325,25 @@ fn check_len(index: &AnyIndex<impl Sized>, len: usize) -> Result<()> {
 
 /// The stored key of `k` in index `idx`: the key (unique) or
 /// `escape(k) ++ pk` (non-unique).
-fn stored<'b>(unique: bool, k: &[u8], pk: &[u8], scratch: &'b mut Vec<u8>) -> &'b [u8] {
+fn stored<'b>(
+    layout: KeyLayout,
+    unique: bool,
+    k: &[u8],
+    pk: &[u8],
+    scratch: &'b mut Vec<u8>,
+) -> &'b [u8] {
     scratch.clear();
     if unique {
-        expand(k, scratch);
+        expand(layout, k, scratch);
     } else {
-        expand_escaped(k, true, scratch);
-        expand(pk, scratch);
+        expand_escaped(layout, k, true, scratch);
+        expand(layout, pk, scratch);
     }
     scratch
 }
 
 impl<T: Storable> TableTxn<T> {
-    pub(crate) fn new(root: &TableRoot<T>, track_deletes: bool) -> Self {
+    pub(crate) fn new(root: &TableRoot<T>, track_deletes: bool, layout: KeyLayout) -> Self {
         TableTxn {
             indexes: root.indexes.iter().map(|t| t.txn()).collect(),
             revisions: root.revisions.txn(),
@@ -346,6 +355,7 @@ impl<T: Storable> TableTxn<T> {
             new_keys: vec![KeyBuf::default(); root.indexes.len()],
             old_keys: KeyBuf::default(),
             pk: Vec::new(),
+            layout,
             scratch: Vec::new(),
         }
     }
@@ -361,9 +371,12 @@ impl<T: Storable> TableTxn<T> {
     ) -> Result<Option<Obj<T>>> {
         let idx = &t.indexes;
         idx[0].keys_of(&value, &mut self.new_keys[0]);
-        check_len(&idx[0], self.new_keys[0].get(0).len() * STORED_PER_BYTE)?;
+        check_len(
+            &idx[0],
+            self.new_keys[0].get(0).len() * self.layout.per_byte(),
+        )?;
         self.pk.clear();
-        expand(self.new_keys[0].get(0), &mut self.pk);
+        expand(self.layout, self.new_keys[0].get(0), &mut self.pk);
         let old = self.indexes[0].get(&self.pk).cloned();
         if let Some(expected) = cas {
             match &old {
@@ -394,9 +407,9 @@ impl<T: Storable> TableTxn<T> {
                 } else {
                     k.len() + k.iter().filter(|&&b| b == 0).count() + 2 + pk_len
                 };
-                check_len(ix, len * STORED_PER_BYTE)?;
+                check_len(ix, len * self.layout.per_byte())?;
                 if ix.is_unique() {
-                    let s = stored(true, k, &[], &mut self.scratch);
+                    let s = stored(self.layout, true, k, &[], &mut self.scratch);
                     if let Some(e) = self.indexes[i].get(s) {
                         if old.as_ref().is_none_or(|o| !Arc::ptr_eq(e, o)) {
                             return Err(Error::UniqueConflict {
@@ -425,13 +438,13 @@ impl<T: Storable> TableTxn<T> {
                 ix.keys_of(o.value(), &mut self.old_keys);
                 for k in self.old_keys.iter() {
                     if !self.new_keys[i].contains(k) {
-                        let s = stored(unique, k, pk, &mut self.scratch);
+                        let s = stored(self.layout, unique, k, pk, &mut self.scratch);
                         self.indexes[i].delete(s);
                     }
                 }
             }
             for k in self.new_keys[i].iter() {
-                let s = stored(unique, k, pk, &mut self.scratch);
+                let s = stored(self.layout, unique, k, pk, &mut self.scratch);
                 self.indexes[i].insert(s, obj.clone())?;
             }
         }
@@ -446,7 +459,7 @@ impl<T: Storable> TableTxn<T> {
         cas: Option<Revision>,
     ) -> Result<Option<Obj<T>>> {
         self.pk.clear();
-        expand(pk, &mut self.pk);
+        expand(self.layout, pk, &mut self.pk);
         let Some(old) = self.indexes[0].get(&self.pk).cloned() else {
             return match cas {
                 Some(_) => Err(Error::ObjectNotFound),
@@ -466,7 +479,7 @@ impl<T: Storable> TableTxn<T> {
         for (i, ix) in t.indexes.iter().enumerate().skip(1) {
             ix.keys_of(old.value(), &mut self.old_keys);
             for k in self.old_keys.iter() {
-                let s = stored(ix.is_unique(), k, pk, &mut self.scratch);
+                let s = stored(self.layout, ix.is_unique(), k, pk, &mut self.scratch);
                 self.indexes[i].delete(s);
             }
         }
@@ -530,6 +543,11 @@ impl<T: Storable> Table<T> {
         &self.inner.meta.name
     }
 
+    /// How the table stores its index keys.
+    pub fn key_layout(&self) -> KeyLayout {
+        self.inner.layout
+    }
+
     /// The table's indexes, the primary first.
     pub fn indexes(&self) -> &[AnyIndex<T>] {
         &self.inner.indexes
@@ -539,7 +557,7 @@ impl<T: Storable> Table<T> {
     /// elsewhere.
     fn pos<K>(&self, idx: &Index<T, K>) -> Result<usize> {
         match idx.any().inner.slot.get() {
-            Some(&(uid, pos)) if uid == self.uid() => Ok(pos),
+            Some(&(uid, pos, _)) if uid == self.uid() => Ok(pos),
             _ => Err(Error::IndexNotInTable {
                 index: idx.name().to_string(),
                 table: self.name().to_string(),
@@ -653,7 +671,7 @@ impl<T: Storable> Table<T> {
     {
         let pos = self.pos(idx)?;
         let tree = txn.view(self)?.index(pos);
-        Ok(idx.with_point(key, |k| {
+        Ok(idx.with_point(self.inner.layout, key, |k| {
             if idx.is_unique() {
                 tree.get(k)
             } else {
@@ -677,7 +695,7 @@ impl<T: Storable> Table<T> {
     {
         let pos = self.pos(idx)?;
         let tree = &txn.root(self)?.indexes[pos];
-        Ok(idx.with_point(key, |k| {
+        Ok(idx.with_point(self.inner.layout, key, |k| {
             if idx.is_unique() {
                 tree.get_watch(k)
             } else {
@@ -701,7 +719,7 @@ impl<T: Storable> Table<T> {
     {
         let pos = self.pos(idx)?;
         let tree = txn.view(self)?.index(pos);
-        let k = idx.point(key);
+        let k = idx.point(self.inner.layout, key);
         let scan = if idx.is_unique() {
             exact(k)
         } else {
@@ -725,7 +743,7 @@ impl<T: Storable> Table<T> {
     {
         let pos = self.pos(idx)?;
         let tree = &txn.root(self)?.indexes[pos];
-        let k = idx.point(key);
+        let k = idx.point(self.inner.layout, key);
         if idx.is_unique() {
             let (_, w) = tree.get_watch(&k);
             Ok((
@@ -755,7 +773,7 @@ impl<T: Storable> Table<T> {
         let pos = self.pos(idx)?;
         let tree = txn.view(self)?.index(pos);
         Ok(Objects {
-            it: tree.scan(&Scan::Prefix(idx.prefix(prefix)), false),
+            it: tree.scan(&Scan::Prefix(idx.prefix(self.inner.layout, prefix)), false),
         })
     }
 
@@ -772,7 +790,7 @@ impl<T: Storable> Table<T> {
     {
         let pos = self.pos(idx)?;
         let tree = &txn.root(self)?.indexes[pos];
-        let (it, w) = tree.prefix_watch(&idx.prefix(prefix));
+        let (it, w) = tree.prefix_watch(&idx.prefix(self.inner.layout, prefix));
         Ok((Objects { it }, w))
     }
 
@@ -790,7 +808,7 @@ impl<T: Storable> Table<T> {
         let pos = self.pos(idx)?;
         let tree = txn.view(self)?.index(pos);
         Ok(Objects {
-            it: tree.scan(&Scan::LowerBound(idx.prefix(key)), false),
+            it: tree.scan(&Scan::LowerBound(idx.prefix(self.inner.layout, key)), false),
         })
     }
 
@@ -810,7 +828,7 @@ impl<T: Storable> Table<T> {
         let tree = &txn.root(self)?.indexes[pos];
         Ok((
             Objects {
-                it: tree.scan(&Scan::LowerBound(idx.prefix(key)), false),
+                it: tree.scan(&Scan::LowerBound(idx.prefix(self.inner.layout, key)), false),
             },
             tree.root_watch(),
         ))

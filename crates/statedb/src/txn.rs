@@ -182,7 +182,8 @@ impl WriteTxn {
         if self.locked[i].state.is_none() {
             let root = root_of::<T>(self.db.uid, &self.base, &self.locked[i].meta)?;
             let track = self.locked[i].guard.has_trackers();
-            self.locked[i].state = Some(Box::new(TableTxn::new(root, track)));
+            let layout = self.locked[i].meta.layout;
+            self.locked[i].state = Some(Box::new(TableTxn::<T>::new(root, track, layout)));
         }
         Ok(())
     }

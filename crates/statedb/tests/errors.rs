@@ -247,3 +247,28 @@ fn errors_display() {
         "table \"t\" is not locked by this write transaction"
     );
 }
+
+#[test]
+fn oversized_keys_nibble_layout() {
+    // Nibble-expanded keys take twice the space: the limit halves.
+    let db = db();
+    let by_bytes = Index::unique("b", |v: &Vec<u8>| v.clone());
+    let t = db
+        .create_table_with(
+            "bytes",
+            &by_bytes,
+            &[],
+            statedb::TableOptions {
+                key_layout: statedb::KeyLayout::Nibbles,
+            },
+        )
+        .unwrap();
+    assert_eq!(t.key_layout(), statedb::KeyLayout::Nibbles);
+    let mut w = db.write_txn(&[&t]).unwrap();
+    assert!(matches!(
+        t.insert(&mut w, vec![0; part::MAX_KEY_LEN / 2 + 1])
+            .unwrap_err(),
+        Error::KeyTooLong { .. }
+    ));
+    t.insert(&mut w, vec![0; part::MAX_KEY_LEN / 2]).unwrap();
+}

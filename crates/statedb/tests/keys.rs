@@ -4,7 +4,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use proptest::prelude::*;
-use statedb::{escape_nonunique, Db, DbOptions, Index, Key};
+use statedb::{escape_nonunique, Db, DbOptions, Index, Key, KeyLayout, TableOptions};
 
 fn esc(k: &[u8]) -> Vec<u8> {
     let mut v = Vec::new();
@@ -79,11 +79,15 @@ proptest! {
     /// are exactly the model's, in key order.
     #[test]
     fn non_unique_keys_never_leak(keys in prop::collection::vec(small_bytes(), 1..24),
-                                  probes in prop::collection::vec(small_bytes(), 1..12)) {
+                                  probes in prop::collection::vec(small_bytes(), 1..12),
+                                  nibbles: bool) {
         let db = Db::with_options(DbOptions { gc_interval: None });
         let pk = Index::unique("pk", |o: &(u32, Vec<u8>)| o.0);
         let sk = Index::non_unique("sk", |o: &(u32, Vec<u8>)| o.1.clone());
-        let t = db.create_table("t", &pk, &[sk.erase()]).unwrap();
+        let key_layout = if nibbles { KeyLayout::Nibbles } else { KeyLayout::Bytes };
+        let t = db
+            .create_table_with("t", &pk, &[sk.erase()], TableOptions { key_layout })
+            .unwrap();
         let mut w = db.write_txn(&[&t]).unwrap();
         for (i, k) in keys.iter().enumerate() {
             t.insert(&mut w, (i as u32, k.clone())).unwrap();

@@ -331,7 +331,11 @@ proptest! {
     #[test]
     fn transactions_match_model(txns in prop::collection::vec(arb_txn(), 1..8)) {
         let db = Db::with_options(DbOptions { gc_interval: None });
-        let fs = [table_in(&db, "a"), table_in(&db, "b")];
+        // Same operations on both key layouts.
+        let fs = [
+            table_with(&db, "a", statedb::KeyLayout::Bytes),
+            table_with(&db, "b", statedb::KeyLayout::Nibbles),
+        ];
         let mut models = [Model::default(), Model::default()];
         for plan in &txns {
             let locks: Vec<&dyn statedb::AnyTable> =

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::*;
 use rand::prelude::*;
-use statedb::{AnyTable, ChangeKind, Db, DbOptions, Error};
+use statedb::{AnyTable, ChangeKind, Db, DbOptions, Error, KeyLayout};
 
 const TOKENS: std::ops::Range<u32> = 1000..1010;
 const WRITERS: usize = 4;
@@ -29,7 +29,12 @@ fn concurrent_txns_and_consumers() {
     let db = Db::with_options(DbOptions {
         gc_interval: Some(Duration::from_millis(1)),
     });
-    let fs: Arc<Vec<Fixture>> = Arc::new((0..3).map(|i| table_in(&db, &format!("t{i}"))).collect());
+    let layouts = [KeyLayout::Bytes, KeyLayout::Nibbles, KeyLayout::Bytes];
+    let fs: Arc<Vec<Fixture>> = Arc::new(
+        (0..3)
+            .map(|i| table_with(&db, &format!("t{i}"), layouts[i]))
+            .collect(),
+    );
     // Tokens start in table 0.
     {
         let mut w = db.write_txn(&[&fs[0].table]).unwrap();

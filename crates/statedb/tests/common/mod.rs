@@ -1,7 +1,7 @@
 //! Shared test fixtures.
 #![allow(dead_code)]
 
-use statedb::{Db, DbOptions, Index, Table};
+use statedb::{Db, DbOptions, Index, KeyLayout, Table, TableOptions};
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Obj {
@@ -46,12 +46,17 @@ pub fn indexes() -> Indexes {
 }
 
 pub fn table_in(db: &Db, name: &str) -> Fixture {
+    table_with(db, name, KeyLayout::Bytes)
+}
+
+pub fn table_with(db: &Db, name: &str, layout: KeyLayout) -> Fixture {
     let (by_id, by_name, by_tag, by_group) = indexes();
     let table = db
-        .create_table(
+        .create_table_with(
             name,
             &by_id,
             &[by_name.erase(), by_tag.erase(), by_group.erase()],
+            TableOptions { key_layout: layout },
         )
         .unwrap();
     Fixture {
