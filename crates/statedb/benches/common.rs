@@ -134,3 +134,12 @@ impl criterion::measurement::Measurement for CpuTime {
         self.wall.formatter()
     }
 }
+
+/// The key layout chosen by `STATEDB_BENCH_LAYOUT` (`bytes`, the default, or
+/// `nibbles`), for the custom-main benches.
+pub(crate) fn env_layout() -> KeyLayout {
+    match std::env::var("STATEDB_BENCH_LAYOUT").as_deref() {
+        Ok("nibbles") => KeyLayout::Nibbles,
+        _ => KeyLayout::Bytes,
+    }
+}

@@ -4,6 +4,7 @@
 //! p50/p99 latency for 1 and 2 threads, and the scaling factor.
 //!
 //! `cargo bench -p statedb --bench kv95 [-- SECONDS]`
+//! (`STATEDB_BENCH_LAYOUT=nibbles` for a nibble-layout table)
 
 mod common;
 
@@ -19,7 +20,7 @@ const OBJECTS: u64 = 100_000;
 /// (wall ops/s summed over threads, ops per on-CPU second summed over
 /// threads, p50 ns, p99 ns).
 fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
-    let b = Arc::new(new_db(false));
+    let b = Arc::new(new_db_layout(false, env_layout()));
     fill(&b, OBJECTS);
     let barrier = Arc::new(Barrier::new(threads));
     let handles: Vec<_> = (0..threads)
@@ -75,6 +76,7 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(3.0);
+    println!("KV95 key layout: {:?}", env_layout());
     let (one, one_cpu, p50_1, p99_1) = run(1, secs);
     println!(
         "KV95 1 thread : {one:>10.0} ops/s  ({one_cpu:>10.0} ops per CPU-second)  p50 {p50_1} ns  p99 {p99_1} ns"

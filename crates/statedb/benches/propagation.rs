@@ -34,8 +34,8 @@ fn main() {
         Duration::from_micros(50)
     };
     let db = Db::with_options(DbOptions::default());
-    let a = new_db_named(&db, "a", false);
-    let b = new_db_named(&db, "b", false);
+    let a = new_db_with(&db, "a", false, env_layout());
+    let b = new_db_with(&db, "b", false, env_layout());
     let stop = Arc::new(AtomicBool::new(false));
 
     let mut w = db.write_txn(&[&a.table]).unwrap();
