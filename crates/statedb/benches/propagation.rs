@@ -106,7 +106,11 @@ fn main() {
     consumer.join().unwrap();
     samples.sort_unstable();
     let us = |p| pct(&samples, p) as f64 / 1000.0;
-    println!("PropagationDelay (spin {} µs)", spin.as_micros());
+    println!(
+        "PropagationDelay (spin {} µs, key layout {:?})",
+        spin.as_micros(),
+        env_layout()
+    );
     println!(
         "PropagationDelay ({} rounds, batch {BATCH}): p50 {:.1} µs  p90 {:.1} µs  p99 {:.1} µs",
         samples.len(),
