@@ -479,3 +479,44 @@ fn handles_cross_threads() {
         .unwrap();
     assert_eq!(f.table.len(&r).unwrap(), 1);
 }
+
+#[test]
+fn reader_follows_commits() {
+    let f = fixture();
+    let mut reader = f.db.reader();
+    assert_eq!(f.table.len(reader.read_txn()).unwrap(), 0);
+    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+    f.table.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+    w.commit().unwrap();
+    let r = reader.read_txn();
+    assert_eq!(f.table.len(r).unwrap(), 1);
+    let (_, watch) = f.table.all_watch(r).unwrap();
+    assert!(!watch.is_closed());
+}
+
+#[test]
+fn delete_then_reinsert_streams_in_order() {
+    let f = fixture();
+    let t = &f.table;
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    let mut ch = t.changes(&mut w).unwrap();
+    t.insert(&mut w, obj(1, "a", &[], 0)).unwrap(); // 1
+    t.delete_key(&mut w, &1u32).unwrap(); // 2
+    t.insert(&mut w, obj(1, "b", &[], 0)).unwrap(); // 3
+    t.delete_key(&mut w, &1u32).unwrap(); // 4
+    t.insert(&mut w, obj(1, "c", &[], 0)).unwrap(); // 5
+    let r = w.commit().unwrap();
+    let (batch, _) = ch.next(&r).unwrap();
+    let got: Vec<(u64, ChangeKind, String)> = batch
+        .iter()
+        .map(|c| (c.revision, c.kind, c.object.name.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (2, ChangeKind::Delete, "a".into()),
+            (4, ChangeKind::Delete, "b".into()),
+            (5, ChangeKind::Insert, "c".into()),
+        ]
+    );
+}
