@@ -260,7 +260,7 @@ impl KvIndexer for ReferenceIndex {
 
     fn find_matches(&self, hashes: &[LocalHash]) -> OverlapScores {
         let g = self.inner.read();
-        let mut out = OverlapScores::new();
+        let mut out: Vec<(WorkerKey, u32)> = Vec::new();
         let mut cur = ROOT;
         let mut active: Vec<WorkerKey> = Vec::new();
         let mut matched = 0u32;
@@ -275,21 +275,19 @@ impl KvIndexer for ReferenceIndex {
                 active.retain(|w| {
                     let keep = node.holders.iter().any(|(h, _)| h == w);
                     if !keep {
-                        out.set(*w, matched);
+                        out.push((*w, matched));
                     }
                     keep
                 });
             }
             if active.is_empty() {
-                return out;
+                break;
             }
             matched += 1;
             cur = c;
         }
-        for w in &active {
-            out.set(*w, matched);
-        }
-        out
+        out.extend(active.iter().map(|w| (*w, matched)));
+        OverlapScores::from_pairs(out)
     }
 
     fn worker_block_count(&self, w: WorkerKey) -> usize {

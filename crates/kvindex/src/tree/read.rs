@@ -18,13 +18,13 @@ impl ConcurrentIndex {
     /// the depth matched so far, and ends the walk (an undercount, never an
     /// overcount).
     pub(super) fn find(&self, q: &[LocalHash]) -> OverlapScores {
-        let mut out = OverlapScores::new();
+        let out = OverlapScores::new();
         let Some(first) = q.first() else {
             return out;
         };
         let mut next = self.root.read().children.get(first).map(Arc::clone);
-        let mut active: SmallVec<[Wid; 16]> = SmallVec::new();
-        let mut done: SmallVec<[(Wid, u32); 16]> = SmallVec::new();
+        let mut active: SmallVec<[Wid; 128]> = SmallVec::new();
+        let mut done: SmallVec<[(Wid, u32); 64]> = SmallVec::new();
         let mut depth = 0usize;
         let mut started = false;
         while let Some(c) = next.take() {
@@ -71,14 +71,10 @@ impl ConcurrentIndex {
         if done.is_empty() && active.is_empty() {
             return out;
         }
-        out = OverlapScores::with_capacity(done.len() + active.len());
         let keys = self.registry.keys.load();
-        for (w, s) in done {
-            out.set(keys[w as usize], s);
-        }
-        for w in active {
-            out.set(keys[w as usize], depth as u32);
-        }
-        out
+        let mut pairs = Vec::with_capacity(done.len() + active.len());
+        pairs.extend(done.iter().map(|&(w, s)| (keys[w as usize], s)));
+        pairs.extend(active.iter().map(|&w| (keys[w as usize], depth as u32)));
+        OverlapScores::from_pairs(pairs)
     }
 }
