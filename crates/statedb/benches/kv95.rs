@@ -8,6 +8,10 @@
 
 mod common;
 
+/// Same allocator as the criterion suite (see `statedb.rs`).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};

@@ -8,6 +8,10 @@
 
 mod common;
 
+/// Same allocator as the criterion suite (see `statedb.rs`).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,0 +1,234 @@
+//! The benchmark suite shared by the `statedb` (mimalloc) and
+//! `statedb_sysalloc` (system allocator) bench targets.
+
+use std::cell::Cell;
+
+thread_local! {
+    static GROUP: Cell<&'static str> = const { Cell::new("statedb") };
+}
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use crate::common::*;
+use criterion::measurement::Measurement;
+use criterion::{BatchSize, Criterion, Throughput};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use statedb::KeyLayout;
+
+const N: u64 = 1000;
+
+fn write_txn_batch<M: Measurement>(
+    c: &mut Criterion<M>,
+    name: &str,
+    batch: u64,
+    secondary: bool,
+    layout: KeyLayout,
+) {
+    let b = new_db_layout(secondary, layout);
+    let mk = if secondary { tagged } else { obj };
+    let mut g = c.benchmark_group(GROUP.with(|g| g.get()));
+    g.throughput(Throughput::Elements(N));
+    g.bench_function(name, |bn| {
+        bn.iter(|| {
+            let mut id = 0;
+            while id < N {
+                let mut w = b.db.write_txn(&[&b.table]).unwrap();
+                for _ in 0..batch {
+                    b.table.insert(&mut w, mk(id)).unwrap();
+                    id += 1;
+                }
+                w.commit().unwrap();
+            }
+        })
+    });
+    g.finish();
+}
+
+fn shuffled(n: u64) -> Vec<u64> {
+    let mut ids: Vec<u64> = (0..n).collect();
+    ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(1));
+    ids
+}
+
+fn benches<M: Measurement>(c: &mut Criterion<M>) {
+    write_txn_batch(c, "WriteTxn_1", 1, false, KeyLayout::Bytes);
+    write_txn_batch(c, "WriteTxn_10", 10, false, KeyLayout::Bytes);
+    write_txn_batch(c, "WriteTxn_100", 100, false, KeyLayout::Bytes);
+    write_txn_batch(c, "WriteTxn_1000", 1000, false, KeyLayout::Bytes);
+    write_txn_batch(
+        c,
+        "WriteTxn_100_SecondaryIndex",
+        100,
+        true,
+        KeyLayout::Bytes,
+    );
+
+    let mut g = c.benchmark_group(GROUP.with(|g| g.get()));
+    g.throughput(Throughput::Elements(N));
+
+    // Insert 1000 objects in random order into an empty table; abort.
+    let b = new_db(false);
+    let ids = shuffled(N);
+    g.bench_function("RandomInsert", |bn| {
+        bn.iter(|| {
+            let mut w = b.db.write_txn(&[&b.table]).unwrap();
+            for &id in &ids {
+                b.table.insert(&mut w, obj(id)).unwrap();
+            }
+            w.abort().unwrap();
+        })
+    });
+
+    // Replace 1000 existing objects in random order; abort.
+    let b = new_db(false);
+    fill(&b, N);
+    g.bench_function("RandomReplace", |bn| {
+        bn.iter(|| {
+            let mut w = b.db.write_txn(&[&b.table]).unwrap();
+            for &id in &ids {
+                b.table.insert(&mut w, obj(id)).unwrap();
+            }
+            w.abort().unwrap();
+        })
+    });
+
+    // Insert 1000 objects in key order into an empty table; commit.
+    g.bench_function("SequentialInsert", |bn| {
+        bn.iter_batched(
+            || new_db(false),
+            |b| {
+                let mut w = b.db.write_txn(&[&b.table]).unwrap();
+                for id in 0..N {
+                    b.table.insert(&mut w, obj(id)).unwrap();
+                }
+                w.commit().unwrap();
+                b
+            },
+            BatchSize::SmallInput,
+        )
+    });
+
+    // 1000 inserts, then delete-all; without and with a change consumer.
+    let b = new_db(false);
+    g.bench_function("Changes_Baseline", |bn| {
+        bn.iter(|| {
+            let mut w = b.db.write_txn(&[&b.table]).unwrap();
+            for id in 0..N {
+                b.table.insert(&mut w, obj(id)).unwrap();
+            }
+            w.commit().unwrap();
+            let mut w = b.db.write_txn(&[&b.table]).unwrap();
+            b.table.delete_all(&mut w).unwrap();
+            w.commit().unwrap();
+        })
+    });
+    let b = new_db(false);
+    let mut w = b.db.write_txn(&[&b.table]).unwrap();
+    let mut changes = b.table.changes(&mut w).unwrap();
+    w.commit().unwrap();
+    g.bench_function("Changes", |bn| {
+        bn.iter(|| {
+            let mut w = b.db.write_txn(&[&b.table]).unwrap();
+            for id in 0..N {
+                b.table.insert(&mut w, obj(id)).unwrap();
+            }
+            let r = w.commit().unwrap();
+            let (batch, _) = changes.next(&r).unwrap();
+            assert_eq!(batch.len(), N as usize);
+            let mut w = b.db.write_txn(&[&b.table]).unwrap();
+            b.table.delete_all(&mut w).unwrap();
+            let r = w.commit().unwrap();
+            let (batch, _) = changes.next(&r).unwrap();
+            assert_eq!(batch.len(), N as usize);
+        })
+    });
+
+    // Lookups of 1000 objects, random and sequential order.
+    let b = new_db(false);
+    fill(&b, N);
+    let r = b.db.read_txn();
+    g.bench_function("RandomLookup", |bn| {
+        bn.iter(|| {
+            for &id in &ids {
+                black_box(b.table.get(&r, &b.by_id, &id).unwrap());
+            }
+        })
+    });
+    g.bench_function("SequentialLookup", |bn| {
+        bn.iter(|| {
+            for id in 0..N {
+                black_box(b.table.get(&r, &b.by_id, &id).unwrap());
+            }
+        })
+    });
+    g.finish();
+
+    // The same on nibble-layout tables (write-optimised; see KeyLayout).
+    write_txn_batch(c, "Nibbles/WriteTxn_1", 1, false, KeyLayout::Nibbles);
+    write_txn_batch(c, "Nibbles/WriteTxn_100", 100, false, KeyLayout::Nibbles);
+    write_txn_batch(
+        c,
+        "Nibbles/WriteTxn_100_SecondaryIndex",
+        100,
+        true,
+        KeyLayout::Nibbles,
+    );
+    let mut g = c.benchmark_group(GROUP.with(|g| g.get()));
+    g.throughput(Throughput::Elements(N));
+    let b = new_db_layout(false, KeyLayout::Nibbles);
+    fill(&b, N);
+    let r = b.db.read_txn();
+    g.bench_function("Nibbles/RandomLookup", |bn| {
+        bn.iter(|| {
+            for &id in &ids {
+                black_box(b.table.get(&r, &b.by_id, &id).unwrap());
+            }
+        })
+    });
+    g.finish();
+
+    // Iterating 100k objects.
+    let mut g = c.benchmark_group(GROUP.with(|g| g.get()));
+    const BIG: u64 = 100_000;
+    g.throughput(Throughput::Elements(BIG));
+    let b = new_db(false);
+    fill(&b, BIG);
+    let r = b.db.read_txn();
+    g.bench_function("FullIteration_All", |bn| {
+        bn.iter(|| {
+            let mut n = 0;
+            for o in b.table.all(&r).unwrap() {
+                n += black_box(o).id & 1;
+            }
+            n
+        })
+    });
+    g.bench_function("FullIteration_Get", |bn| {
+        bn.iter(|| {
+            for id in 0..BIG {
+                black_box(b.table.get(&r, &b.by_id, &id).unwrap());
+            }
+        })
+    });
+    g.finish();
+}
+
+/// Runs the suite with criterion groups named `group`.
+pub(crate) fn main(group: &'static str) {
+    GROUP.with(|g| g.set(group));
+    let c = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20);
+    if std::env::var_os("STATEDB_BENCH_CPU").is_some_and(|v| v == "1") {
+        let mut c = c.with_measurement(CpuTime::new()).configure_from_args();
+        benches(&mut c);
+        c.final_summary();
+    } else {
+        let mut c = c.configure_from_args();
+        benches(&mut c);
+        c.final_summary();
+    }
+}
