@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use hashbrown::HashMap;
 use parking_lot::{ArcRwLockWriteGuard, RwLock};
+use smallvec::SmallVec;
 
 use super::node::{
     set_contains, set_insert, set_remove, split, Children, Node, NodeRef, Run, WGuard,
@@ -312,8 +313,12 @@ impl ConcurrentIndex {
     }
 
     pub(super) fn removed(&self, ws: &mut WorkerState, hashes: &[ExternalHash]) {
-        for h in hashes {
-            let Some(loc) = ws.blocks.remove(h) else {
+        // Two passes: the map removals are independent of each other, so
+        // the CPU overlaps their cache misses; the tree work follows.
+        let locs: SmallVec<[Option<Loc>; 32]> =
+            hashes.iter().map(|h| ws.blocks.remove(h)).collect();
+        for loc in locs {
+            let Some(loc) = loc else {
                 ws.stats.unknown_removes += 1;
                 continue;
             };
