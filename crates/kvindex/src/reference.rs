@@ -22,6 +22,7 @@ struct RNode {
     local: LocalHash,
     parent: u32,
     children: FMap<LocalHash, u32>,
+    /// Sorted by worker.
     holders: Vec<(WorkerKey, ExternalHash)>,
 }
 
@@ -115,7 +116,9 @@ impl Inner {
     /// Drops `w` from node `n`, then prunes empty leaves upwards.
     fn unhold(&mut self, n: u32, w: WorkerKey) {
         let node = self.node_mut(n);
-        node.holders.retain(|(h, _)| *h != w);
+        if let Ok(i) = node.holders.binary_search_by_key(&w, |p| p.0) {
+            node.holders.remove(i);
+        }
         let mut cur = n;
         while cur != ROOT {
             let node = self.node(cur);
@@ -159,8 +162,8 @@ impl Inner {
             }
             let child = self.child_or_insert(cur, b.local);
             let node = self.node_mut(child);
-            if !node.holders.iter().any(|(h, _)| *h == w) {
-                node.holders.push((w, b.external));
+            if let Err(pos) = node.holders.binary_search_by_key(&w, |p| p.0) {
+                node.holders.insert(pos, (w, b.external));
                 self.workers
                     .entry(w)
                     .or_default()
@@ -272,8 +275,14 @@ impl KvIndexer for ReferenceIndex {
             if matched == 0 {
                 active = node.holders.iter().map(|(w, _)| *w).collect();
             } else {
+                // Both lists are sorted: one merge pass.
+                let hs = &node.holders;
+                let mut j = 0;
                 active.retain(|w| {
-                    let keep = node.holders.iter().any(|(h, _)| h == w);
+                    while j < hs.len() && hs[j].0 < *w {
+                        j += 1;
+                    }
+                    let keep = j < hs.len() && hs[j].0 == *w;
                     if !keep {
                         out.push((*w, matched));
                     }
