@@ -14,7 +14,16 @@
 //!   its result may have changed;
 //! * every object carries the revision of its last write; [`Table::changes`]
 //!   follows inserts, updates and deletes in revision order, keeping deleted
-//!   objects in a graveyard only while some consumer still needs them.
+//!   objects in a graveyard only while some consumer still needs them;
+//! * tables become initialized once every registered [`Initializer`] is
+//!   done ([`Table::initialized_watch`]);
+//! * per-table metrics go to the `metrics` facade ([`Db::stats`] has the same
+//!   figures) and [`Table::to_json`] dumps a table.
+//!
+//! Hot read loops can use a per-thread [`Reader`]; tables with small,
+//! frequent writes on dense keys can choose [`KeyLayout::Nibbles`].
+//! `docs/design.md` explains key encoding, locking, commit order and
+//! graveyard collection.
 //!
 //! ```
 //! use statedb::{Db, Index, Table};
@@ -33,7 +42,7 @@
 //! nodes.insert(&mut txn, Node { id: 1, name: "a".into() }).unwrap();
 //! let rtxn = txn.commit().unwrap();
 //!
-//! let n = nodes.get(&rtxn, &by_name, &"a".to_string()).unwrap().unwrap();
+//! let n = nodes.get(&rtxn, &by_name, "a").unwrap().unwrap();
 //! assert_eq!(n.id, 1);
 //! assert_eq!(n.revision(), 1);
 //! ```
