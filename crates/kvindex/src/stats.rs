@@ -69,9 +69,9 @@ pub(crate) fn admit_local(
             st.duplicates += 1;
             return (Admit::Duplicate, None);
         }
-        Some(l) if id > l.wrapping_add(1) => {
+        Some(l) if l.checked_add(1).is_some_and(|next| id > next) => {
             st.gaps += 1;
-            gap = Some(l + 1);
+            gap = Some(l.saturating_add(1));
         }
         _ => {}
     }
@@ -126,11 +126,11 @@ impl Counters {
                 self.duplicates.fetch_add(1, Relaxed);
                 return Admit::Duplicate;
             }
-            Some(l) if id > l.wrapping_add(1) => {
+            Some(l) if l.checked_add(1).is_some_and(|next| id > next) => {
                 self.gaps.fetch_add(1, Relaxed);
                 let h = self.gap_handler.read().clone();
                 if let Some(h) = h {
-                    h(w, l + 1, id);
+                    h(w, l.saturating_add(1), id);
                 }
             }
             _ => {}

@@ -172,3 +172,40 @@ fn compressed_nodes_split_and_merge_back() {
     assert_eq!(ix.tree_shape().nodes, 1);
     assert_eq!(ix.find_matches(&p).get(wk(1)), 32);
 }
+
+#[test]
+fn extreme_event_ids_do_not_panic() {
+    for ix in both() {
+        let w = wk(9);
+        ix.apply(&stored(w, u64::MAX - 1, &[], &l(&[1]), 0))
+            .unwrap();
+        ix.apply(&stored(w, u64::MAX, &l(&[1]), &l(&[2]), 0))
+            .unwrap();
+        // Same id as the last one: applied again (idempotent), not a gap.
+        ix.apply(&stored(w, u64::MAX, &l(&[1, 2]), &l(&[3]), 0))
+            .unwrap();
+        assert_eq!(ix.stats().gaps, 0);
+        assert_eq!(ix.find_matches(&l(&[1, 2, 3])).get(w), 3);
+        ix.apply(&stored(w, 0, &[], &l(&[7]), 0)).unwrap();
+        assert_eq!(ix.stats().duplicates, 1);
+        // Empty events are fine too.
+        ix.apply(&KvEvent {
+            worker: w,
+            event_id: u64::MAX,
+            data: KvEventData::Stored {
+                parent: None,
+                blocks: vec![],
+            },
+        })
+        .unwrap();
+        ix.apply(&KvEvent {
+            worker: w,
+            event_id: u64::MAX,
+            data: KvEventData::Removed { hashes: vec![] },
+        })
+        .unwrap();
+        assert!(ix.find_matches(&[]).is_empty());
+        assert_eq!(ix.worker_block_count(w), 3);
+        ix.remove_worker(wk(12345)); // unknown worker: no-op
+    }
+}
