@@ -319,3 +319,34 @@ fn loom_stale_child_pointer_after_merge() {
         assert!(score(&s, 1) <= 2);
     });
 }
+
+/// New-leaf publication (`stored` in `tree/write.rs`): the leaf is
+/// write-locked before it is linked under the parent, the parent is
+/// released, then the run is filled. A reader either misses the leaf or sees
+/// it complete; it never credits a block of a half-built leaf.
+#[test]
+fn loom_leaf_published_locked() {
+    loom::model(|| {
+        let root = node(0, &[], &[]);
+        let p = node(0, &[1], &[1, 2]);
+        root.write().unwrap().children.insert(1, p.clone());
+        let w = {
+            let p = p.clone();
+            thread::spawn(move || {
+                let leaf = node(1, &[], &[2]);
+                let mut lg = leaf.write().unwrap();
+                {
+                    let mut pg = p.write().unwrap();
+                    pg.children.insert(5, leaf.clone());
+                }
+                lg.run = vec![5, 6];
+                drop(lg);
+            })
+        };
+        let s = find(&root, &[1, 5, 6]);
+        w.join().unwrap();
+        let got = score(&s, 2);
+        assert!(got == 1 || got == 3, "{s:?}");
+        assert_eq!(score(&s, 1), 1);
+    });
+}
