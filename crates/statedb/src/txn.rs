@@ -217,7 +217,7 @@ impl WriteTxn {
             return Err(Error::Poisoned);
         }
         self.done = true;
-        let roots = DbInner::commit(&self.db, &mut self.locked);
+        let roots = DbInner::commit(&self.db, &mut self.locked, &mut self.base);
         Ok(ReadTxn {
             db_uid: self.db.uid,
             roots,

@@ -520,3 +520,41 @@ fn delete_then_reinsert_streams_in_order() {
         ]
     );
 }
+
+#[test]
+fn superseded_objects_are_freed() {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    for gc in [None, Some(Duration::from_millis(5))] {
+        let db = Db::with_options(DbOptions { gc_interval: gc });
+        let f = table_in(&db, "objs");
+        let t = &f.table;
+        let mut w = db.write_txn(&[t]).unwrap();
+        t.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+        let r = w.commit().unwrap();
+        let weak = Arc::downgrade(t.get(&r, &f.by_id, &1).unwrap().unwrap());
+        // A committed write transaction reads (and holds) the committed state.
+        assert_eq!(t.len(&w).unwrap(), 1);
+        drop((r, w));
+        // Replace it, many times (retired roots pile up, then get freed).
+        for i in 0..200 {
+            let mut w = db.write_txn(&[t]).unwrap();
+            t.insert(&mut w, obj(1, &format!("b{i}"), &[], 0)).unwrap();
+            w.commit().unwrap();
+        }
+        if gc.is_none() {
+            assert!(
+                weak.upgrade().is_none(),
+                "freed inline without a background thread"
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while weak.upgrade().is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "superseded object never freed ({gc:?})"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
