@@ -12,8 +12,27 @@
 //! * [`Lanes`]: N writer threads in front of any index, each worker pinned
 //!   to one lane so its events apply in order.
 //! * [`local_block_hashes`] / [`sequence_hashes`]: Dynamo-compatible hashing.
+//! * [`workload`]: a deterministic synthetic router workload shared by the
+//!   benchmarks, the memory test and the Dynamo peer comparison.
 //!
-//! See `docs/design.md` for the node layout and the concurrency protocol.
+//! See `docs/design.md` for the node layout and the concurrency protocol and
+//! `docs/benchmarks.md` for measurements.
+//!
+//! ```
+//! use kvindex::{ConcurrentIndex, KvEvent, KvEventData, KvIndexer, StoredBlock, WorkerKey,
+//!               ExternalHash, local_block_hashes, sequence_hashes};
+//! let tokens: Vec<u32> = (0..64).collect();
+//! let locals = local_block_hashes(&tokens, 16, None);
+//! let seqs = sequence_hashes(&locals);
+//! let index = ConcurrentIndex::new();
+//! let w = WorkerKey::new(7, 0);
+//! let blocks = locals.iter().zip(&seqs)
+//!     .map(|(l, s)| StoredBlock { external: ExternalHash(*s), local: *l })
+//!     .collect();
+//! index.apply(&KvEvent { worker: w, event_id: 0,
+//!     data: KvEventData::Stored { parent: None, blocks } }).unwrap();
+//! assert_eq!(index.find_matches(&locals[..3]).get(w), 3);
+//! ```
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 #![forbid(unsafe_code)]
 
