@@ -236,29 +236,33 @@ impl Inner {
 
 impl KvIndexer for ReferenceIndex {
     fn apply(&self, ev: &KvEvent) -> Result<(), ApplyError> {
-        let mut g = self.inner.write();
-        let inner = &mut *g;
-        let st = inner.workers.entry(ev.worker).or_default();
-        if self
-            .counters
-            .admit(ev.worker, &mut st.last_event_id, ev.event_id)
-            == Admit::Duplicate
-        {
-            return Ok(());
+        let (r, gap) = {
+            let mut g = self.inner.write();
+            let inner = &mut *g;
+            let st = inner.workers.entry(ev.worker).or_default();
+            let (admit, gap) = self.counters.admit(&mut st.last_event_id, ev.event_id);
+            if admit == Admit::Duplicate {
+                return Ok(());
+            }
+            let r = match &ev.data {
+                KvEventData::Stored { parent, blocks } => {
+                    inner.stored(&self.counters, ev, *parent, blocks)
+                }
+                KvEventData::Removed { hashes } => {
+                    inner.removed(&self.counters, ev.worker, hashes);
+                    Ok(())
+                }
+                KvEventData::Cleared => {
+                    inner.clear(&self.counters, ev.worker);
+                    Ok(())
+                }
+            };
+            (r, gap)
+        };
+        if let Some(expected) = gap {
+            self.counters.report_gap(ev.worker, expected, ev.event_id);
         }
-        match &ev.data {
-            KvEventData::Stored { parent, blocks } => {
-                inner.stored(&self.counters, ev, *parent, blocks)
-            }
-            KvEventData::Removed { hashes } => {
-                inner.removed(&self.counters, ev.worker, hashes);
-                Ok(())
-            }
-            KvEventData::Cleared => {
-                inner.clear(&self.counters, ev.worker);
-                Ok(())
-            }
-        }
+        r
     }
 
     fn find_matches(&self, hashes: &[LocalHash]) -> OverlapScores {

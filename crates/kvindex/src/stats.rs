@@ -56,8 +56,16 @@ impl IndexStats {
     }
 }
 
-/// The event-id rule (see [`Counters::admit`]) on plain per-worker
-/// counters. Returns the decision and, on a gap, the expected id.
+/// The event-id rule on plain per-worker counters. `last` is the worker's
+/// last admitted id and is updated.
+///
+/// * first event of a worker, or `id == last + 1`: apply;
+/// * `id == last`: apply again (every event kind is idempotent, and this
+///   lets a dump carry one id for all of a worker's events);
+/// * `id < last`: a replayed duplicate, ignored and counted;
+/// * `id > last + 1`: a gap, counted, then applied; the caller reports it.
+///
+/// Returns the decision and, on a gap, the expected id.
 pub(crate) fn admit_local(
     st: &mut IndexStats,
     last: &mut Option<u64>,
@@ -114,29 +122,15 @@ impl Counters {
         }
     }
 
-    /// Event-id rule. `last` is the worker's last admitted id and is updated.
-    /// * first event of a worker, or `id == last + 1`: apply;
-    /// * `id == last`: apply again (every event kind is idempotent, and this
-    ///   lets a dump carry one id for all of a worker's events);
-    /// * `id < last`: a replayed duplicate, ignored and counted;
-    /// * `id > last + 1`: a gap, counted and reported, then applied.
-    pub fn admit(&self, w: WorkerKey, last: &mut Option<u64>, id: u64) -> Admit {
-        match *last {
-            Some(l) if id < l => {
-                self.duplicates.fetch_add(1, Relaxed);
-                return Admit::Duplicate;
-            }
-            Some(l) if l.checked_add(1).is_some_and(|next| id > next) => {
-                self.gaps.fetch_add(1, Relaxed);
-                let h = self.gap_handler.read().clone();
-                if let Some(h) = h {
-                    h(w, l.saturating_add(1), id);
-                }
-            }
-            _ => {}
-        }
-        *last = Some(id);
-        self.events_applied.fetch_add(1, Relaxed);
-        Admit::Apply
+    /// The event-id rule (see `admit_local`) on the shared counters.
+    /// Returns the decision and, on a gap, the expected id; the caller
+    /// reports the gap with [`Counters::report_gap`] once it holds no locks.
+    pub fn admit(&self, last: &mut Option<u64>, id: u64) -> (Admit, Option<u64>) {
+        let mut local = IndexStats::default();
+        let r = admit_local(&mut local, last, id);
+        self.duplicates.fetch_add(local.duplicates, Relaxed);
+        self.gaps.fetch_add(local.gaps, Relaxed);
+        self.events_applied.fetch_add(local.events_applied, Relaxed);
+        r
     }
 }

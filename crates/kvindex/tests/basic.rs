@@ -209,3 +209,37 @@ fn extreme_event_ids_do_not_panic() {
         ix.remove_worker(wk(12345)); // unknown worker: no-op
     }
 }
+
+#[test]
+fn gap_handler_may_call_back_into_the_index() {
+    // Recovery typically re-reads or drops the worker: that must not
+    // deadlock, so the handler runs after the event, with no lock held.
+    let ours = Arc::new(ConcurrentIndex::new());
+    let weak = Arc::downgrade(&ours);
+    ours.set_gap_handler(Some(Arc::new(move |w, _, _| {
+        if let Some(ix) = weak.upgrade() {
+            assert_eq!(ix.worker_block_count(w), 2);
+            ix.remove_worker(w);
+        }
+    })));
+    ours.apply(&stored(wk(1), 0, &[], &l(&[1]), 0)).unwrap();
+    ours.apply(&stored(wk(1), 9, &l(&[1]), &l(&[2]), 0))
+        .unwrap();
+    assert_eq!(ours.worker_block_count(wk(1)), 0);
+    assert!(ours.find_matches(&l(&[1, 2])).is_empty());
+
+    let reference = Arc::new(ReferenceIndex::new());
+    let weak = Arc::downgrade(&reference);
+    reference.set_gap_handler(Some(Arc::new(move |w, _, _| {
+        if let Some(ix) = weak.upgrade() {
+            ix.remove_worker(w);
+        }
+    })));
+    reference
+        .apply(&stored(wk(1), 0, &[], &l(&[1]), 0))
+        .unwrap();
+    reference
+        .apply(&stored(wk(1), 9, &l(&[1]), &l(&[2]), 0))
+        .unwrap();
+    assert_eq!(reference.worker_block_count(wk(1)), 0);
+}

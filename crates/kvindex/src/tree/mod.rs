@@ -326,27 +326,32 @@ pub struct TreeShape {
 impl KvIndexer for ConcurrentIndex {
     fn apply(&self, ev: &KvEvent) -> Result<(), ApplyError> {
         let entry = self.entry(ev.worker);
-        let mut st = entry.state.lock();
-        let st = &mut *st;
-        let (admit, gap) = admit_local(&mut st.stats, &mut st.last_event_id, ev.event_id);
+        let (r, gap) = {
+            let mut st = entry.state.lock();
+            let st = &mut *st;
+            let (admit, gap) = admit_local(&mut st.stats, &mut st.last_event_id, ev.event_id);
+            if admit == Admit::Duplicate {
+                return Ok(());
+            }
+            let r = match &ev.data {
+                KvEventData::Stored { parent, blocks } => self.stored(st, ev, *parent, blocks),
+                KvEventData::Removed { hashes } => {
+                    self.removed(st, hashes);
+                    Ok(())
+                }
+                KvEventData::Cleared => {
+                    self.clear(st);
+                    Ok(())
+                }
+            };
+            entry.count.store(st.blocks.len(), Relaxed);
+            (r, gap)
+        };
+        // Reported after the event is applied and the worker's state is
+        // unlocked, so the handler may call back into the index.
         if let Some(expected) = gap {
             self.counters.report_gap(ev.worker, expected, ev.event_id);
         }
-        if admit == Admit::Duplicate {
-            return Ok(());
-        }
-        let r = match &ev.data {
-            KvEventData::Stored { parent, blocks } => self.stored(st, ev, *parent, blocks),
-            KvEventData::Removed { hashes } => {
-                self.removed(st, hashes);
-                Ok(())
-            }
-            KvEventData::Cleared => {
-                self.clear(st);
-                Ok(())
-            }
-        };
-        entry.count.store(st.blocks.len(), Relaxed);
         r
     }
 
