@@ -377,7 +377,7 @@ impl DbInner {
     /// Frees a superseded root vector: at once if readers still hold it (the
     /// last one frees it) or there is no background thread; else hands it
     /// to the background thread.
-    fn retire(&self, old: Arc<Roots>) {
+    pub(crate) fn retire(&self, old: Arc<Roots>) {
         if Arc::strong_count(&old) > 1 || !self.background.load(Ordering::Relaxed) {
             return;
         }

@@ -78,7 +78,10 @@ impl Reader {
     pub fn read_txn(&mut self) -> &ReadTxn {
         let cur = self.db.root.load();
         if !Arc::ptr_eq(&cur, &self.txn.roots) {
-            self.txn.roots = arc_swap::Guard::into_inner(cur);
+            let old = std::mem::replace(&mut self.txn.roots, arc_swap::Guard::into_inner(cur));
+            // If this reader was the last holder, the background thread
+            // frees the old snapshot, not the reader.
+            self.db.retire(old);
         }
         &self.txn
     }
