@@ -65,8 +65,8 @@ pub trait KvIndexer: Send + Sync {
     ///
     /// Event ids: an id below the worker's last one is a replayed duplicate
     /// and is ignored; an id equal to it is applied again (events are
-    /// idempotent); an id past last + 1 is a gap: counted, reported to the
-    /// gap handler, and applied.
+    /// idempotent); an id past last + 1 is a gap: counted, applied, then
+    /// reported to the gap handler (with no index lock held).
     fn apply(&self, ev: &KvEvent) -> Result<(), ApplyError>;
     /// For each worker, the number of leading `hashes` it holds.
     fn find_matches(&self, hashes: &[LocalHash]) -> OverlapScores;
