@@ -272,3 +272,20 @@ fn oversized_keys_nibble_layout() {
     ));
     t.insert(&mut w, vec![0; part::MAX_KEY_LEN / 2]).unwrap();
 }
+
+#[test]
+fn json_errors_are_typed() {
+    struct Bad(u32);
+    impl serde::Serialize for Bad {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom("cannot serialize"))
+        }
+    }
+    let db = db();
+    let id = Index::unique("id", |b: &Bad| b.0);
+    let t = db.create_table("bad", &id, &[]).unwrap();
+    let mut w = db.write_txn(&[&t]).unwrap();
+    t.insert(&mut w, Bad(1)).unwrap();
+    let r = w.commit().unwrap();
+    assert!(matches!(t.to_json(&r).unwrap_err(), Error::Json(m) if m.contains("cannot serialize")));
+}
