@@ -609,7 +609,9 @@ impl<T: Storable> Table<T> {
         txn.with_table(self, |s| s.delete_pk(&self.inner, pk.get(0), None))
     }
 
-    /// Deletes the object with primary key `key`; returns it.
+    /// Deletes the object with primary key `key`; returns it. `key` must
+    /// encode like the primary index's key type (pass a `u64` for a `u64`
+    /// index, a `&str` or `String` for a `String` index).
     pub fn delete_key<Q: Key + ?Sized>(
         &self,
         txn: &mut WriteTxn,
