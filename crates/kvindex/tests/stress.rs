@@ -138,3 +138,45 @@ fn stress_many_workers_two_lanes() {
 fn stress_eight_lanes() {
     stress(42, 32, 600, 4, 8, 4);
 }
+
+/// `remove_worker` racing with that worker's own writes must not leave
+/// blocks in the tree that no worker state accounts for.
+#[test]
+fn remove_worker_racing_apply_leaves_no_orphans() {
+    for round in 0..20u64 {
+        let index = Arc::new(ConcurrentIndex::new());
+        let w = wk(1);
+        let writer = {
+            let index = Arc::clone(&index);
+            std::thread::spawn(move || {
+                for i in 0..2000u64 {
+                    let locals: Vec<LocalHash> = (0..4)
+                        .map(|j| LocalHash(1 + (i * 7 + j + round) % 5))
+                        .collect();
+                    let _ = index.apply(&stored(w, i, &[], &locals, i));
+                }
+            })
+        };
+        let done = Arc::new(AtomicBool::new(false));
+        let remover = {
+            let (index, done) = (Arc::clone(&index), Arc::clone(&done));
+            std::thread::spawn(move || {
+                while !done.load(Ordering::Relaxed) {
+                    index.remove_worker(w);
+                }
+            })
+        };
+        writer.join().unwrap();
+        done.store(true, Ordering::Relaxed);
+        remover.join().unwrap();
+        let shape = index.tree_shape();
+        let counted: usize = index
+            .workers()
+            .iter()
+            .map(|w| index.worker_block_count(*w))
+            .sum();
+        assert_eq!(shape.holder_blocks, counted, "round {round}: {shape:?}");
+        index.remove_worker(w);
+        assert_eq!(index.tree_shape().nodes, 0);
+    }
+}

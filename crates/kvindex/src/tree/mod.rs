@@ -62,6 +62,11 @@ pub(crate) struct WorkerState {
     /// This worker's counters (summed by `stats`; no shared atomics on the
     /// write path).
     stats: IndexStats,
+    /// Set by `remove_worker` (under this state's lock, together with the
+    /// removal from the worker map): an `apply` that fetched this entry
+    /// before the removal retries with a fresh one instead of writing into
+    /// a forgotten state.
+    retired: bool,
 }
 
 impl WorkerState {
@@ -74,6 +79,7 @@ impl WorkerState {
             free_slots: Vec::new(),
             slot_of: FMap::default(),
             stats: IndexStats::default(),
+            retired: false,
         }
     }
 
@@ -325,10 +331,13 @@ pub struct TreeShape {
 
 impl KvIndexer for ConcurrentIndex {
     fn apply(&self, ev: &KvEvent) -> Result<(), ApplyError> {
-        let entry = self.entry(ev.worker);
-        let (r, gap) = {
+        let (r, gap) = loop {
+            let entry = self.entry(ev.worker);
             let mut st = entry.state.lock();
             let st = &mut *st;
+            if st.retired {
+                continue; // removed concurrently: use the fresh entry
+            }
             let (admit, gap) = admit_local(&mut st.stats, &mut st.last_event_id, ev.event_id);
             if admit == Admit::Duplicate {
                 return Ok(());
@@ -345,7 +354,7 @@ impl KvIndexer for ConcurrentIndex {
                 }
             };
             entry.count.store(st.blocks.len(), Relaxed);
-            (r, gap)
+            break (r, gap);
         };
         // Reported after the event is applied and the worker's state is
         // unlocked, so the handler may call back into the index.
@@ -370,12 +379,16 @@ impl KvIndexer for ConcurrentIndex {
         let Some(entry) = self.shard(w).read().get(&w).cloned() else {
             return;
         };
-        {
-            let mut st = entry.state.lock();
-            self.clear(&mut st);
-            entry.count.store(0, Relaxed);
-            self.retired.lock().accumulate(&st.stats);
+        let mut st = entry.state.lock();
+        if st.retired {
+            return;
         }
+        self.clear(&mut st);
+        entry.count.store(0, Relaxed);
+        self.retired.lock().accumulate(&st.stats);
+        st.retired = true;
+        // Lock order: worker state, then shard (`entry` never holds a shard
+        // lock while taking a state lock).
         self.shard(w).write().remove(&w);
     }
 

@@ -23,6 +23,9 @@ impl ConcurrentIndex {
         for (key, e) in &entries {
             let mut st = e.state.lock();
             let st = &mut *st;
+            if st.retired {
+                continue;
+            }
             let mut r = Rev::default();
             let locs: Vec<(ExternalHash, super::Loc)> =
                 st.blocks.iter().map(|(e, l)| (*e, *l)).collect();
