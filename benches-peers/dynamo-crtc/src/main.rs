@@ -127,7 +127,70 @@ fn timed(
     (secs, p(0.5), p(0.99))
 }
 
+/// Checks our hashing against Dynamo's own functions on random inputs.
+fn check_hashing() -> usize {
+    use dynamo_kv_router::protocols::{
+        compute_block_hash_for_seq, compute_seq_hash_for_block, BlockHashOptions,
+    };
+    let mut x = 0x1234_5678_9abc_def0u64;
+    let mut cases = 0;
+    for bs in [1usize, 4, 16, 32, 64, 100] {
+        for salt in [
+            (None, None),
+            (Some("lora-a"), None),
+            (None, Some("tenant")),
+            (Some("l"), Some("s")),
+            (Some(""), Some("")),
+        ] {
+            let tokens: Vec<u32> = (0..bs * 5 + 3)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u32
+                })
+                .collect();
+            let ours = kvindex::local_block_hashes_salted(
+                &tokens,
+                bs,
+                kvindex::BlockSalt {
+                    lora_name: salt.0,
+                    cache_salt: salt.1,
+                },
+            );
+            let theirs = compute_block_hash_for_seq(
+                &tokens,
+                bs as u32,
+                BlockHashOptions {
+                    lora_name: salt.0,
+                    cache_namespace: salt.1,
+                    ..Default::default()
+                },
+            );
+            assert_eq!(
+                ours.iter().map(|h| h.0).collect::<Vec<_>>(),
+                theirs.iter().map(|h| h.0).collect::<Vec<_>>(),
+                "block hashes differ: bs={bs} salt={salt:?}"
+            );
+            assert_eq!(
+                kvindex::sequence_hashes(&ours),
+                compute_seq_hash_for_block(&theirs),
+                "sequence hashes differ"
+            );
+            if salt.0.is_none() && salt.1.is_none() {
+                assert_eq!(ours, kvindex::local_block_hashes(&tokens, bs, None));
+            }
+            if salt.1.is_none() {
+                assert_eq!(ours, kvindex::local_block_hashes(&tokens, bs, salt.0));
+            }
+            cases += 1;
+        }
+    }
+    cases
+}
+
 fn main() {
+    println!("hashing: {} cases identical to dynamo-kv-router 1.6.1 (block and sequence hashes, LoRA and cache salt)", check_hashing());
     let mut lanes_list = vec![1usize, 2, 4, 8];
     let mut readers = 4usize;
     let mut requests = 100_000usize;
@@ -243,7 +306,10 @@ fn main() {
             let p50 = median(res[i].iter().map(|r| r.1).collect());
             let p99 = median(res[i].iter().map(|r| r.2).collect());
             ops.push(o);
-            println!("{:<12} {:>5} {:>14.0} {:>9.2} {:>9.2}", name, lanes, o, p50, p99);
+            println!(
+                "{:<12} {:>5} {:>14.0} {:>9.2} {:>9.2}",
+                name, lanes, o, p50, p99
+            );
         }
         println!(
             "lanes {lanes}: concurrent / dynamo-crtc = {:.2}x, concurrent / reference = {:.2}x",
@@ -309,7 +375,12 @@ fn main() {
         v.sort_by(|a, b| a.total_cmp(b));
         (v[v.len() / 2], v[v.len() * 99 / 100])
     };
-    let (d50, d99) = lat(&|i| crtc.backend().find_matches(&dyn_queries[i], false).scores.len());
+    let (d50, d99) = lat(&|i| {
+        crtc.backend()
+            .find_matches(&dyn_queries[i], false)
+            .scores
+            .len()
+    });
     let (o50, o99) = lat(&|i| ours.find_matches(&wl.queries[i]).len());
     println!(
         "steady-state lookup p50/p99 µs (populated, no writers): dynamo-crtc {d50:.2}/{d99:.2}, concurrent {o50:.2}/{o99:.2}"
