@@ -14,6 +14,12 @@
 //!   over the 16 bytes `parent_sequence_hash.to_le_bytes() ++
 //!   local_hash.to_le_bytes()`.
 //! * Engine ("external") block hashes are opaque `u64` ids ([`ExternalHash`]).
+//!
+//! Cross-checks: the unit tests pin values computed with Python's `xxhash`
+//! (the C reference implementation), and `benches-peers/dynamo-crtc` checks
+//! block and sequence hashes, with LoRA names and cache salts, against
+//! `dynamo-kv-router` 1.6.1's own `compute_block_hash_for_seq` and
+//! `compute_seq_hash_for_block`.
 
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
