@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Turns the output of `cargo bench -p part --bench part` (one run under the
+system allocator, one under mimalloc) into BENCHMARKS.md's part table.
+
+usage: part_table.py SYSTEM_LOG MIMALLOC_LOG
+"""
+import re
+import sys
+
+# Go statedb `part` anchors (2-core AMD EPYC, Go 1.27): (value, unit, per)
+GO = {
+    "Insert": (97.6, "µs", 1000),
+    "Insert_RootOnlyWatch": (61.5, "µs", 1000),
+    "Modify": (51.5, "µs", 1000),
+    "GetInsert": (67.2, "µs", 1000),
+    "Get": (15.0, "µs", 1000),
+    "All": (4.46, "µs", 1000),
+    "txn_1": (110, "ns", 1),
+    "txn_1000": (60, "ns", 1),
+    "txn_delete_1000": (44.7, "ns", 1),
+    "Delete_Random": (16.6, "ms", 1),
+}
+UNIT = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+ORDER = ["Insert", "Insert_RootOnlyWatch", "Modify", "GetInsert", "Replace", "Get", "All",
+         "All_Owned", "GetWatch", "WatchReplace", "txn_1", "txn_10", "txn_100", "txn_1000",
+         "txn_delete_1", "txn_delete_10", "txn_delete_100", "txn_delete_1000", "Delete_Random"]
+PEERS = ["BTreeMap", "HashMap", "imbl_OrdMap", "rpds_RedBlackTreeMapSync", "rart_Versioned"]
+# Per-key benchmarks: criterion times one txn of N keys; report per key.
+PER_KEY = {"txn_10": 10, "txn_100": 100, "txn_1000": 1000, "txn_delete_10": 10,
+           "txn_delete_100": 100, "txn_delete_1000": 1000}
+
+
+def parse(path):
+    times, allocs = {}, {}
+    name = None
+    for line in open(path, encoding="utf-8"):
+        m = re.match(r"^((?:part|peers)/\S+)", line)
+        if m:
+            name = m.group(1)
+        m = re.search(r"time:\s+\[\S+ \S+ (\S+) (\S+) \S+ \S+\]", line)
+        if m and name:
+            times[name] = float(m.group(1)) * UNIT[m.group(2)]
+            name = None
+        m = re.match(r"^(\S.*?)\s{2,}(\d+\.\d+)\s+(\d+\.\d+)\s*$", line)
+        if m:
+            allocs[m.group(1).strip()] = (float(m.group(2)), float(m.group(3)))
+    return times, allocs
+
+
+def fmt(sec):
+    for unit, scale in (("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
+        if sec >= scale:
+            return f"{sec / scale:.3g} {unit}"
+    return f"{sec / 1e-9:.3g} ns"
+
+
+def main():
+    sys_t, sys_a = parse(sys.argv[1])
+    mi_t, _ = parse(sys.argv[2])
+    out = ["| benchmark | ours, system alloc | ours, mimalloc | allocs/op | bytes/op | Go part | Go ÷ ours (system) | Go ÷ ours (mimalloc) |",
+           "|---|---|---|---|---|---|---|---|"]
+    for b in ORDER:
+        key = f"part/{b}"
+        if key not in sys_t:
+            continue
+        per = PER_KEY.get(b, 1)
+        s, m = sys_t[key] / per, mi_t.get(key, float("nan")) / per
+        label = b + (" (per key)" if per > 1 else "")
+        a = sys_a.get(b)
+        alloc = f"{a[0]:.2f} | {a[1]:.1f}" if a else " | "
+        if b in GO:
+            v, unit, _ = GO[b]
+            go = v * UNIT[unit]
+            out.append(f"| {label} | {fmt(s)} | {fmt(m)} | {alloc} | {v} {unit} | {go / s:.2f}× | {go / m:.2f}× |")
+        else:
+            out.append(f"| {label} | {fmt(s)} | {fmt(m)} | {alloc} | | | |")
+    out.append("")
+    out.append("| 1000 keys | part (ours) | " + " | ".join(PEERS) + " |")
+    out.append("|---|---|" + "---|" * len(PEERS))
+    for op in ("Insert", "Get"):
+        ours = sys_t.get(f"part/{op}" if op == "Get" else "part/Insert_RootOnlyWatch")
+        row = [fmt(ours) if ours else "?"]
+        for p in PEERS:
+            t = sys_t.get(f"peers/{op}/{p}")
+            row.append(fmt(t) if t else "?")
+        out.append(f"| {op} (system alloc) | " + " | ".join(row) + " |")
+    out.append("")
+    out.append("| allocations per op | allocs/op | bytes/op |")
+    out.append("|---|---|---|")
+    for k, (a, by) in sys_a.items():
+        out.append(f"| {k} | {a:.2f} | {by:.1f} |")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
