@@ -46,6 +46,13 @@ fn main() {
             "all" => {
                 sink += base.iter().map(|(_, v)| *v as u64).sum::<u64>();
             }
+            "txn1" => {
+                for i in 0..1000 {
+                    let mut t = base.txn();
+                    t.insert(&key(i), i + 1).unwrap();
+                    base = t.commit();
+                }
+            }
             "delete" => {
                 let mut t = base.txn();
                 for i in 0..1000 {
@@ -54,7 +61,7 @@ fn main() {
                 sink += t.len() as u64;
             }
             other => {
-                eprintln!("unknown workload {other}: insert | modify | get | all | delete");
+                eprintln!("unknown workload {other}: insert | modify | txn1 | get | all | delete");
                 std::process::exit(2);
             }
         }

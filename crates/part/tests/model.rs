@@ -234,3 +234,36 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Wide nodes (node48 and chunked node256) under snapshots: writes to a
+    /// copied node256 must leave every earlier snapshot's chunks untouched.
+    #[test]
+    fn wide_nodes_keep_snapshots_intact(
+        ops in proptest::collection::vec((any::<u8>(), 0u8..3, any::<bool>(), any::<u32>()), 50..400),
+    ) {
+        let mut tree: Tree<u32> = Tree::new();
+        let mut model = Model::new();
+        let mut snapshots = Vec::new();
+        for (i, chunk) in ops.chunks(37).enumerate() {
+            let mut txn = tree.txn();
+            for (a, b, del, v) in chunk {
+                let k = vec![*a, *b];
+                if *del && i % 3 == 2 {
+                    prop_assert_eq!(txn.delete(&k), model.remove(&k));
+                } else {
+                    prop_assert_eq!(txn.insert(&k, *v).unwrap(), model.insert(k, *v));
+                }
+            }
+            tree = txn.commit();
+            check(&tree).map_err(TestCaseError::fail)?;
+            snapshots.push((tree.clone(), model.clone()));
+        }
+        for (snap, m) in &snapshots {
+            check(snap).map_err(TestCaseError::fail)?;
+            check_reads(snap, m, &[7], &[200, 1])?;
+        }
+    }
+}
