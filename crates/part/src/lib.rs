@@ -1,12 +1,16 @@
 //! `part`: a persistent (copy-on-write) adaptive radix tree.
 //!
 //! * [`Tree`] is an immutable snapshot: clone it in O(1), read it from any
-//!   number of threads, iterate it forwards or backwards.
+//!   number of threads, scan all keys, a prefix, a lower bound or a range,
+//!   forwards or backwards. [`Tree::iter`] and friends borrow the tree (no
+//!   reference counting); [`Tree::scan_owned`] and `into_iter` own their
+//!   snapshot and may outlive the handle or cross threads.
 //! * [`Txn`] builds the next version; each node is copied at most once per
 //!   transaction, and [`Txn::commit`] leaves every older snapshot unchanged.
 //! * [`Watch`]es from [`Tree::get_watch`] and [`Tree::prefix_watch`] fire once
 //!   a later commit changes what the read depended on. A node that nobody
-//!   watches carries no watch allocation at all.
+//!   watches carries no watch allocation at all. [`Options::root_only_watch`]
+//!   keeps a single watch at the root instead.
 //!
 //! ```
 //! use part::Tree;
