@@ -47,7 +47,7 @@ impl Header {
 
     fn copy(&self) -> Self {
         Header {
-            bytes: self.bytes.clone(),
+            bytes: crate::bytes::small(&self.bytes),
             watch: LazyWatch::new(),
         }
     }
@@ -718,9 +718,30 @@ impl<'a, V> NodeMut<'a, V> {
     }
 }
 
-/// Drops a deep tree without deep recursion: inner children that nothing
-/// else references are moved to a work list and taken apart one by one.
+std::thread_local! {
+    /// How many inner-node drops are running on this thread's stack.
+    static DROP_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Inner-node drops nest at most this deep before switching to a work list.
+const DROP_RECURSION: u32 = 64;
+
+/// Drops a node's children. Shallow trees (the usual case) drop
+/// recursively with no extra pass; past `DROP_RECURSION` nested drops, inner
+/// children that nothing else references move to a work list and are taken
+/// apart one by one, so a tree as deep as its longest key cannot overflow
+/// the stack.
 fn drop_children<V>(slots: &mut [Option<Child<V>>]) {
+    // During thread teardown the counter may be gone: use the work list.
+    let depth = DROP_DEPTH.try_with(|d| d.get()).unwrap_or(DROP_RECURSION);
+    if depth < DROP_RECURSION {
+        let _ = DROP_DEPTH.try_with(|d| d.set(depth + 1));
+        for slot in slots.iter_mut() {
+            drop(slot.take());
+        }
+        let _ = DROP_DEPTH.try_with(|d| d.set(depth));
+        return;
+    }
     let mut work: Vec<Child<V>> = Vec::new();
     collect_unique(slots, &mut work);
     while let Some(mut c) = work.pop() {

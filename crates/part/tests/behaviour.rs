@@ -100,26 +100,34 @@ fn long_keys_work_and_too_long_is_an_error() {
 
 #[test]
 fn deep_chain_of_prefix_keys_does_not_overflow_the_stack() {
-    // Every key a prefix of the next: the tree is as deep as the keys are long.
-    let n = 6_000;
-    let mut txn = Tree::new().txn();
-    let mut key = Vec::new();
-    for i in 0..n {
-        key.push(b'x');
-        txn.insert(&key, i).unwrap();
-    }
-    let t = txn.commit();
-    assert_eq!(t.len(), n as usize);
-    assert_eq!(t.iter().count(), n as usize);
-    assert_eq!(t.iter_rev().next().map(|(k, _)| k.len()), Some(n as usize));
-    let mut txn = t.txn();
-    for i in (0..n as usize).step_by(2) {
-        txn.delete(&key[..i + 1]);
-    }
-    drop(t);
-    let t = txn.commit();
-    assert_eq!(t.len(), n as usize / 2);
-    drop(t); // dropping a deep tree must not recurse
+    // Every key a prefix of the next: the tree is as deep as the keys are
+    // long. Build, iterate, delete and drop it on a thread with a small
+    // stack, where any walk or drop that recursed per level would overflow.
+    let worker = std::thread::Builder::new()
+        .stack_size(128 * 1024)
+        .spawn(|| {
+            let n = 6_000usize;
+            let mut txn = Tree::new().txn();
+            let mut key = Vec::new();
+            for i in 0..n {
+                key.push(b'x');
+                txn.insert(&key, i as u32).unwrap();
+            }
+            let t = txn.commit();
+            assert_eq!(t.len(), n);
+            assert_eq!(t.iter().count(), n);
+            assert_eq!(t.iter_rev().next().map(|(k, _)| k.len()), Some(n));
+            let mut txn = t.txn();
+            for i in (0..n).step_by(2) {
+                txn.delete(&key[..i + 1]);
+            }
+            drop(t);
+            let t = txn.commit();
+            assert_eq!(t.len(), n / 2);
+            drop(t);
+        })
+        .unwrap();
+    worker.join().unwrap();
 }
 
 #[test]
