@@ -215,14 +215,24 @@ impl<T, K> Index<T, K> {
     where
         K: Borrow<Q>,
     {
+        self.query(layout, q, true)
+    }
+
+    /// A query key in stored form; non-unique keys are escaped, and
+    /// terminated for point queries (not for prefix queries).
+    fn query<Q: Key + ?Sized>(&self, layout: KeyLayout, q: &Q, terminated: bool) -> Vec<u8> {
         let plain = q.to_key();
         let mut out = Vec::with_capacity(plain.len() * 2 + 4);
-        if self.is_unique() {
-            expand(layout, &plain, &mut out);
-        } else {
-            expand_escaped(layout, &plain, true, &mut out);
-        }
+        self.expand_query(layout, &plain, terminated, &mut out);
         out
+    }
+
+    fn expand_query(&self, layout: KeyLayout, plain: &[u8], terminated: bool, out: &mut Vec<u8>) {
+        if self.is_unique() {
+            expand(layout, plain, out);
+        } else {
+            expand_escaped(layout, plain, terminated, out);
+        }
     }
 
     /// Runs `f` on the stored-key form of a point query, built in a
@@ -239,11 +249,7 @@ impl<T, K> Index<T, K> {
                 raw.clear();
                 out.clear();
                 q.encode(raw);
-                if self.is_unique() {
-                    expand(layout, raw, out);
-                } else {
-                    expand_escaped(layout, raw, true, out);
-                }
+                self.expand_query(layout, raw, true, out);
                 f(out)
             }
             // Re-entered (a key encoder that queries): allocate instead.
@@ -256,13 +262,6 @@ impl<T, K> Index<T, K> {
     where
         K: Borrow<Q>,
     {
-        let plain = q.to_key();
-        let mut out = Vec::with_capacity(plain.len() * 2 + 4);
-        if self.is_unique() {
-            expand(layout, &plain, &mut out);
-        } else {
-            expand_escaped(layout, &plain, false, &mut out);
-        }
-        out
+        self.query(layout, q, false)
     }
 }
