@@ -117,16 +117,36 @@ fn bytes(b: &[u8]) -> Bytes {
     Bytes::from_slice(b)
 }
 
-fn map_bound(b: &Bound<Vec<u8>>) -> Bound<Bytes> {
-    match b {
-        Bound::Included(k) => Bound::Included(bytes(k)),
-        Bound::Excluded(k) => Bound::Excluded(bytes(k)),
-        Bound::Unbounded => Bound::Unbounded,
+fn map_bound(b: Bound<&[u8]>) -> Bound<Bytes> {
+    b.map(bytes)
+}
+
+/// A scan over borrowed bounds: what the engine works from, so the
+/// convenience constructors need not copy their keys first.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ScanRef<'k> {
+    All,
+    Prefix(&'k [u8]),
+    LowerBound(&'k [u8]),
+    Range(Bound<&'k [u8]>, Bound<&'k [u8]>),
+}
+
+impl Scan {
+    pub(crate) fn as_ref(&self) -> ScanRef<'_> {
+        match self {
+            Scan::All => ScanRef::All,
+            Scan::Prefix(p) => ScanRef::Prefix(p),
+            Scan::LowerBound(k) => ScanRef::LowerBound(k),
+            Scan::Range(lo, hi) => ScanRef::Range(
+                lo.as_ref().map(Vec::as_slice),
+                hi.as_ref().map(Vec::as_slice),
+            ),
+        }
     }
 }
 
 impl<P: Ptr> Raw<P> {
-    pub(crate) fn new(root: P, scan: &Scan, rev: bool) -> Self {
+    pub(crate) fn new(root: P, scan: ScanRef<'_>, rev: bool) -> Self {
         let mut it = Raw {
             stack: Vec::new(),
             pending: None,
@@ -135,25 +155,25 @@ impl<P: Ptr> Raw<P> {
             skip: None,
         };
         match (scan, rev) {
-            (Scan::All, false) => it.push_all(root),
-            (Scan::All, true) => it.push_all_rev(root),
-            (Scan::Prefix(p), false) => {
+            (ScanRef::All, false) => it.push_all(root),
+            (ScanRef::All, true) => it.push_all_rev(root),
+            (ScanRef::Prefix(p), false) => {
                 it.stop = Stop::Prefix(bytes(p));
                 it.seek_ge(root, p);
             }
-            (Scan::Prefix(p), true) => {
+            (ScanRef::Prefix(p), true) => {
                 it.stop = Stop::Prefix(bytes(p));
                 match prefix_successor(p) {
                     Some(succ) => it.seek_le(root, &succ, true),
                     None => it.push_all_rev(root),
                 }
             }
-            (Scan::LowerBound(k), false) => it.seek_ge(root, k),
-            (Scan::LowerBound(k), true) => {
+            (ScanRef::LowerBound(k), false) => it.seek_ge(root, k),
+            (ScanRef::LowerBound(k), true) => {
                 it.stop = Stop::Bound(Bound::Included(bytes(k)));
                 it.push_all_rev(root);
             }
-            (Scan::Range(lo, hi), false) => {
+            (ScanRef::Range(lo, hi), false) => {
                 it.stop = Stop::Bound(map_bound(hi));
                 match lo {
                     Bound::Unbounded => it.push_all(root),
@@ -164,7 +184,7 @@ impl<P: Ptr> Raw<P> {
                     }
                 }
             }
-            (Scan::Range(lo, hi), true) => {
+            (ScanRef::Range(lo, hi), true) => {
                 it.stop = Stop::Bound(map_bound(lo));
                 match hi {
                     Bound::Unbounded => it.push_all_rev(root),
@@ -410,7 +430,7 @@ pub struct Iter<'a, V> {
 }
 
 impl<'a, V> Iter<'a, V> {
-    pub(crate) fn new(root: &'a Child<V>, scan: &Scan, rev: bool) -> Self {
+    pub(crate) fn new(root: &'a Child<V>, scan: ScanRef<'_>, rev: bool) -> Self {
         Iter {
             raw: Raw::new(root, scan, rev),
         }
@@ -474,7 +494,7 @@ pub struct IntoIter<V> {
 }
 
 impl<V> IntoIter<V> {
-    pub(crate) fn new(root: &Child<V>, scan: &Scan, rev: bool) -> Self {
+    pub(crate) fn new(root: &Child<V>, scan: ScanRef<'_>, rev: bool) -> Self {
         IntoIter {
             raw: Raw::new(root.clone(), scan, rev),
         }

@@ -1,8 +1,8 @@
 //! `Tree`: an immutable snapshot. Cloning it is one reference-count bump.
 
-use std::ops::{Bound, RangeBounds};
+use std::ops::RangeBounds;
 
-use crate::iter::{IntoIter, Iter, Scan};
+use crate::iter::{IntoIter, Iter, Scan, ScanRef};
 use crate::node::Child;
 use crate::txn::Txn;
 use crate::watch::Watch;
@@ -127,53 +127,53 @@ impl<V> Tree<V> {
 
     /// All keys in ascending order.
     pub fn iter(&self) -> Iter<'_, V> {
-        self.scan(&Scan::All, false)
+        Iter::new(&self.root, ScanRef::All, false)
     }
 
     /// All keys in descending order.
     pub fn iter_rev(&self) -> Iter<'_, V> {
-        self.scan(&Scan::All, true)
+        Iter::new(&self.root, ScanRef::All, true)
     }
 
     /// Keys starting with `prefix`, ascending.
     pub fn prefix(&self, prefix: &[u8]) -> Iter<'_, V> {
-        self.scan(&Scan::Prefix(prefix.to_vec()), false)
+        Iter::new(&self.root, ScanRef::Prefix(prefix), false)
     }
 
     /// Keys starting with `prefix`, descending.
     pub fn prefix_rev(&self, prefix: &[u8]) -> Iter<'_, V> {
-        self.scan(&Scan::Prefix(prefix.to_vec()), true)
+        Iter::new(&self.root, ScanRef::Prefix(prefix), true)
     }
 
     /// Keys `>= key`, ascending.
     pub fn lower_bound(&self, key: &[u8]) -> Iter<'_, V> {
-        self.scan(&Scan::LowerBound(key.to_vec()), false)
+        Iter::new(&self.root, ScanRef::LowerBound(key), false)
     }
 
     /// Keys `>= key`, descending (from the largest down to `key`).
     pub fn lower_bound_rev(&self, key: &[u8]) -> Iter<'_, V> {
-        self.scan(&Scan::LowerBound(key.to_vec()), true)
+        Iter::new(&self.root, ScanRef::LowerBound(key), true)
     }
 
     /// Keys within `range`, ascending.
     pub fn range<'k, R: RangeBounds<&'k [u8]>>(&self, range: R) -> Iter<'_, V> {
-        self.scan(&range_scan(range), false)
+        Iter::new(&self.root, range_scan(&range), false)
     }
 
     /// Keys within `range`, descending.
     pub fn range_rev<'k, R: RangeBounds<&'k [u8]>>(&self, range: R) -> Iter<'_, V> {
-        self.scan(&range_scan(range), true)
+        Iter::new(&self.root, range_scan(&range), true)
     }
 
     /// A borrowing iterator over any scan, in either direction.
     pub fn scan(&self, scan: &Scan, rev: bool) -> Iter<'_, V> {
-        Iter::new(&self.root, scan, rev)
+        Iter::new(&self.root, scan.as_ref(), rev)
     }
 
     /// An owning iterator over any scan: it keeps this snapshot alive and can
     /// outlive the handle it came from.
     pub fn scan_owned(&self, scan: &Scan, rev: bool) -> IntoIter<V> {
-        IntoIter::new(&self.root, scan, rev)
+        IntoIter::new(&self.root, scan.as_ref(), rev)
     }
 }
 
@@ -202,7 +202,7 @@ impl<V> IntoIterator for Tree<V> {
     type Item = crate::iter::Entry<V>;
     type IntoIter = IntoIter<V>;
     fn into_iter(self) -> IntoIter<V> {
-        self.scan_owned(&Scan::All, false)
+        IntoIter::new(&self.root, ScanRef::All, false)
     }
 }
 
@@ -214,13 +214,8 @@ impl<'a, V> IntoIterator for &'a Tree<V> {
     }
 }
 
-pub(crate) fn range_scan<'k, R: RangeBounds<&'k [u8]>>(range: R) -> Scan {
-    let conv = |b: Bound<&&[u8]>| match b {
-        Bound::Included(k) => Bound::Included(k.to_vec()),
-        Bound::Excluded(k) => Bound::Excluded(k.to_vec()),
-        Bound::Unbounded => Bound::Unbounded,
-    };
-    Scan::Range(conv(range.start_bound()), conv(range.end_bound()))
+pub(crate) fn range_scan<'k, R: RangeBounds<&'k [u8]>>(range: &R) -> ScanRef<'k> {
+    ScanRef::Range(range.start_bound().cloned(), range.end_bound().cloned())
 }
 
 /// Lookup without watch tracking (the hot path). The root's segment is

@@ -8,7 +8,7 @@
 
 use std::ops::RangeBounds;
 
-use crate::iter::{IntoIter, Iter, Scan};
+use crate::iter::{IntoIter, Iter, Scan, ScanRef};
 use crate::node::{Child, NodeMut};
 use crate::tree::{get, range_scan, Options, Tree};
 use crate::watch::WatchInner;
@@ -214,6 +214,8 @@ impl<V: Clone> Txn<V> {
 
     /// Removes `key`; returns its value.
     pub fn delete(&mut self, key: &[u8]) -> Option<V> {
+        // Look before copying: deleting a missing key must copy no node and
+        // fire no watch. The second walk finds its nodes in cache.
         get(&self.root, key)?;
         let rec = &mut self.rec;
         let mut slot: &mut Child<V> = &mut self.root;
@@ -271,28 +273,28 @@ impl<V: Clone> Txn<V> {
 
     /// Ascending iteration over this transaction's current state.
     pub fn iter(&self) -> Iter<'_, V> {
-        self.scan(&Scan::All, false)
+        Iter::new(&self.root, ScanRef::All, false)
     }
 
     /// Keys under `prefix`, ascending, this transaction's writes included.
     pub fn prefix(&self, prefix: &[u8]) -> Iter<'_, V> {
-        self.scan(&Scan::Prefix(prefix.to_vec()), false)
+        Iter::new(&self.root, ScanRef::Prefix(prefix), false)
     }
 
     /// Keys within `range`, ascending, this transaction's writes included.
     pub fn range<'k, R: RangeBounds<&'k [u8]>>(&self, range: R) -> Iter<'_, V> {
-        self.scan(&range_scan(range), false)
+        Iter::new(&self.root, range_scan(&range), false)
     }
 
     /// A borrowing iterator over any scan of the transaction's state.
     pub fn scan(&self, scan: &Scan, rev: bool) -> Iter<'_, V> {
-        Iter::new(&self.root, scan, rev)
+        Iter::new(&self.root, scan.as_ref(), rev)
     }
 
     /// An owning iterator over the transaction's current state. It shares
     /// nodes with the transaction, so later writes copy them again.
     pub fn scan_owned(&self, scan: &Scan, rev: bool) -> IntoIter<V> {
-        IntoIter::new(&self.root, scan, rev)
+        IntoIter::new(&self.root, scan.as_ref(), rev)
     }
 
     /// Checks the structural invariants of the transaction's current tree.
