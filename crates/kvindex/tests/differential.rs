@@ -30,6 +30,15 @@ enum Op {
         picks: Vec<u16>,
         unknown: bool,
     },
+    /// Remove a held path's deepest `len` held blocks, in one event, deepest
+    /// first (as engines evict) or shallowest first: consecutive blocks of
+    /// one node, removed as a range.
+    RemoveChain {
+        w: u8,
+        pick: u16,
+        len: u8,
+        deepest_first: bool,
+    },
     Clear {
         w: u8,
     },
@@ -62,6 +71,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => w.clone().prop_map(|w| Op::StoreUnknownParent { w }),
         3 => (w.clone(), prop::collection::vec(any::<u16>(), 1..4), prop::bool::weighted(0.1))
             .prop_map(|(w, picks, unknown)| Op::Remove { w, picks, unknown }),
+        3 => (w.clone(), any::<u16>(), 1u8..8, any::<bool>())
+            .prop_map(|(w, pick, len, deepest_first)| Op::RemoveChain { w, pick, len, deepest_first }),
         1 => w.clone().prop_map(|w| Op::Clear { w }),
         1 => w.clone().prop_map(|w| Op::RemoveWorker { w }),
         1 => w.clone().prop_map(|w| Op::Gap { w }),
@@ -163,6 +174,33 @@ impl Harness {
                 }
                 if unknown {
                     hashes.push(ExternalHash(0xfeed));
+                }
+                let id = self.id(w);
+                self.send(KvEvent {
+                    worker: wk(w as u64),
+                    event_id: id,
+                    data: KvEventData::Removed { hashes },
+                });
+            }
+            Op::RemoveChain {
+                w,
+                pick,
+                len,
+                deepest_first,
+            } => {
+                let held = held_paths(&self.model, w);
+                if held.is_empty() {
+                    return;
+                }
+                let path = &held[pick as usize % held.len()];
+                let map = &self.model.workers[&wk(w as u64)].held;
+                let mut hashes: Vec<ExternalHash> = (1..=path.len())
+                    .rev()
+                    .map_while(|k| map.get(&path[..k]).copied())
+                    .take(len as usize)
+                    .collect();
+                if !deepest_first {
+                    hashes.reverse();
                 }
                 let id = self.id(w);
                 self.send(KvEvent {

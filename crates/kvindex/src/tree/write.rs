@@ -12,7 +12,7 @@ use parking_lot::{ArcRwLockWriteGuard, RwLock};
 use smallvec::SmallVec;
 
 use super::node::{
-    set_contains, set_insert, set_remove, split, Children, Node, NodeRef, Run, WGuard,
+    set_contains, set_insert, set_remove, split, Children, Node, NodeRef, Run, WGuard, Wid,
 };
 use super::{ConcurrentIndex, Loc, WorkerState};
 use crate::event::{ApplyError, KvEvent, StoredBlock};
@@ -317,67 +317,72 @@ impl ConcurrentIndex {
         // the CPU overlaps their cache misses; the tree work follows.
         let locs: SmallVec<[Option<Loc>; 32]> =
             hashes.iter().map(|h| ws.blocks.remove(h)).collect();
-        // A leaf whose blocks are being popped stays locked across
-        // consecutive removals in it (the usual leaf-first eviction of one
-        // request), saving a lock round trip per block.
-        let mut held: Option<WGuard> = None;
-        for loc in locs {
-            let Some(loc) = loc else {
+        let mut i = 0;
+        while i < locs.len() {
+            let Some(loc) = locs[i] else {
                 ws.stats.unknown_removes += 1;
+                i += 1;
                 continue;
             };
-            if self.remove_block(ws, loc, &mut held) {
-                ws.stats.blocks_removed += 1;
-            } else {
+            let Some(g) = self.lock_loc(ws, loc) else {
                 ws.stats.unknown_removes += 1;
+                ws.unref(loc.slot);
+                i += 1;
+                continue;
+            };
+            // Engines evict a request's blocks leaf-first, so the next
+            // hashes are usually the blocks just above in the same node:
+            // gather the longest run of them at consecutive depths (either
+            // direction) and remove the worker from the whole range at once,
+            // one split and one merge instead of one per block. Blocks of
+            // the same slot whose depth lies in `g`'s range are in `g` (a
+            // slot's blocks lie on one chain of nodes, and resolution stops
+            // at the first node of the chain holding the depth).
+            let (mut lo, mut hi) = (loc.depth, loc.depth);
+            let mut j = i + 1;
+            while let Some(Some(l)) = locs.get(j) {
+                let adjacent = (l.depth.checked_add(1) == Some(lo)) || (l.depth == hi + 1);
+                if l.slot != loc.slot || !adjacent || l.depth < g.start || l.depth >= g.end() {
+                    break;
+                }
+                lo = lo.min(l.depth);
+                hi = hi.max(l.depth);
+                j += 1;
             }
-            ws.unref(loc.slot);
+            let n = (j - i) as u64;
+            let (a, b) = ((lo - g.start) as usize, (hi - g.start) as usize);
+            if self.remove_range(ws.id, g, a, b) {
+                ws.stats.blocks_removed += n;
+            } else {
+                ws.stats.unknown_removes += n;
+            }
+            for l in locs[i..j].iter().flatten() {
+                ws.unref(l.slot);
+            }
+            i = j;
         }
-        drop(held);
         if ws.blocks.capacity() > 64 && ws.blocks.len() * 4 < ws.blocks.capacity() {
             ws.blocks.shrink_to_fit();
         }
     }
 
-    /// Removes the worker's block at `loc`. `held` may carry a write guard
-    /// from the previous removal: it is reused if it is the node `loc`'s
-    /// slot points at and holds the depth (then resolution would stop there
-    /// too), and is left holding the node after an in-place pop.
-    fn remove_block(&self, ws: &mut WorkerState, loc: Loc, held: &mut Option<WGuard>) -> bool {
-        let w = ws.id;
-        let reuse = match (held.as_ref(), ws.slots[loc.slot as usize].node.as_ref()) {
-            (Some(g), Some(n)) => {
-                Arc::ptr_eq(ArcRwLockWriteGuard::rwlock(g), n)
-                    && loc.depth >= g.start
-                    && loc.depth < g.end()
-            }
-            _ => false,
-        };
-        let g = if reuse { held.take() } else { None };
-        drop(held.take());
-        let mut g = match g {
-            Some(g) => g,
-            None => match self.lock_loc(ws, loc) {
-                Some(g) => g,
-                None => return false,
-            },
-        };
+    /// Removes worker `w` from run offsets `lo..=hi` of the locked node `g`
+    /// (false if `w` does not hold it).
+    fn remove_range(&self, w: Wid, mut g: WGuard, lo: usize, hi: usize) -> bool {
         if !set_contains(&g.workers, w) {
             return false;
         }
-        let pos = (loc.depth - g.start) as usize;
         let len = g.blocks.len();
-        if len > 1 && pos == len - 1 && g.workers.len() == 1 && g.children.is_none() {
-            // Sole holder dropping the last block of a leaf: shrink in place.
-            g.blocks.pop();
-            *held = Some(g);
+        if lo > 0 && hi == len - 1 && g.workers.len() == 1 && g.children.is_none() {
+            // Sole holder dropping a leaf's tail: shrink in place.
+            g.blocks.truncate(lo);
             return true;
         }
-        if pos + 1 < len {
-            split(&mut g, pos + 1);
+        if hi + 1 < len {
+            split(&mut g, hi + 1);
         }
-        let mut target = if pos > 0 {
-            let t = split(&mut g, pos);
+        let mut target = if lo > 0 {
+            let t = split(&mut g, lo);
             let tg = t.write_arc();
             drop(g);
             tg
