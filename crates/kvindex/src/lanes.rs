@@ -33,6 +33,23 @@ pub fn lane_of(w: WorkerKey, lanes: usize) -> usize {
     (h % lanes.max(1) as u64) as usize
 }
 
+/// Polls before blocking, so a lane that keeps up with its producer does
+/// not make every `send` pay a futex wake-up (microseconds on a VM, more
+/// than applying a typical event). Yields between polls so the producer
+/// keeps its CPU when the lanes outnumber the cores.
+const POLLS_BEFORE_BLOCKING: u32 = 64;
+
+fn next_msg(rx: &Receiver<Msg>) -> Option<Msg> {
+    for _ in 0..POLLS_BEFORE_BLOCKING {
+        match rx.try_recv() {
+            Ok(m) => return Some(m),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+            Err(crossbeam_channel::TryRecvError::Empty) => std::thread::yield_now(),
+        }
+    }
+    rx.recv().ok()
+}
+
 impl<I: KvIndexer + ?Sized + 'static> Lanes<I> {
     /// Starts `lanes` writer threads (at least one) over `index`.
     pub fn new(index: Arc<I>, lanes: usize) -> Self {
@@ -45,7 +62,7 @@ impl<I: KvIndexer + ?Sized + 'static> Lanes<I> {
             let t = std::thread::Builder::new()
                 .name(format!("kvindex-lane-{i}"))
                 .spawn(move || {
-                    for m in rx {
+                    while let Some(m) = next_msg(&rx) {
                         match m {
                             // Errors are counted by the index; a lane keeps going.
                             Msg::Event(ev) => {
