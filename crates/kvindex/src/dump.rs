@@ -26,6 +26,46 @@ pub(crate) struct SnapNode {
     pub children: Vec<SnapNode>,
 }
 
+impl Drop for SnapNode {
+    /// Iterative: snapshots of long chains are deep.
+    fn drop(&mut self) {
+        let mut stack = std::mem::take(&mut self.children);
+        while let Some(mut n) = stack.pop() {
+            stack.append(&mut n.children);
+        }
+    }
+}
+
+/// Builds a snapshot forest without recursion (paths may be many thousands
+/// of nodes deep): `visit` turns one node into its snapshot (children left
+/// empty) and its children, in key order. Nodes are copied in pre-order into
+/// an arena, then attached to their parents bottom-up.
+pub(crate) fn build_snapshot<T>(
+    roots: Vec<T>,
+    mut visit: impl FnMut(T) -> (SnapNode, Vec<T>),
+) -> Vec<SnapNode> {
+    // (snapshot, index of its parent); arena[0] stands for the root.
+    let mut arena: Vec<(SnapNode, usize)> = vec![(SnapNode::default(), 0)];
+    let mut stack: Vec<(T, usize)> = roots.into_iter().rev().map(|t| (t, 0)).collect();
+    while let Some((t, parent)) = stack.pop() {
+        let (node, kids) = visit(t);
+        let idx = arena.len();
+        arena.push((node, parent));
+        stack.extend(kids.into_iter().rev().map(|k| (k, idx)));
+    }
+    // Children follow their parent in pre-order, so walking the arena
+    // backwards attaches every node after all of its children (in reverse).
+    while arena.len() > 1 {
+        let (mut node, parent) = arena.pop().expect("len > 1");
+        node.children.reverse();
+        arena[parent].0.children.push(node);
+    }
+    let (mut root, _) = arena.pop().expect("arena root");
+    let mut out = std::mem::take(&mut root.children);
+    out.reverse();
+    out
+}
+
 /// Per-worker inputs of a dump.
 pub(crate) struct DumpWorker {
     pub key: WorkerKey,

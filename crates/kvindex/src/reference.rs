@@ -7,7 +7,7 @@ use parking_lot::RwLock;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use crate::dump::{events_from_snapshot, DumpWorker, SnapNode};
+use crate::dump::{build_snapshot, events_from_snapshot, DumpWorker, SnapNode};
 use crate::event::{ApplyError, KvEvent, KvEventData, StoredBlock, WorkerKey};
 use crate::hash::{ExternalHash, LocalHash};
 use crate::scores::OverlapScores;
@@ -201,7 +201,10 @@ impl Inner {
         }
     }
 
-    fn snapshot(&self, n: u32) -> SnapNode {
+    /// Node `n` and the chain of single children held by the same workers
+    /// below it as one snapshot node (children left empty), and the
+    /// children of the chain's last node in key order.
+    fn snapshot(&self, n: u32) -> (SnapNode, Vec<u32>) {
         let node = self.node(n);
         let mut snap = SnapNode {
             blocks: vec![node.local],
@@ -229,8 +232,7 @@ impl Inner {
         }
         let mut kids: Vec<(LocalHash, u32)> = cur.children.iter().map(|(k, v)| (*k, *v)).collect();
         kids.sort_unstable();
-        snap.children = kids.into_iter().map(|(_, c)| self.snapshot(c)).collect();
-        snap
+        (snap, kids.into_iter().map(|(_, c)| c).collect())
     }
 }
 
@@ -326,7 +328,8 @@ impl KvIndexer for ReferenceIndex {
             .map(|(k, v)| (*k, *v))
             .collect();
         kids.sort_unstable();
-        let snaps: Vec<SnapNode> = kids.into_iter().map(|(_, c)| g.snapshot(c)).collect();
+        let roots: Vec<u32> = kids.into_iter().map(|(_, c)| c).collect();
+        let snaps = build_snapshot(roots, |n| g.snapshot(n));
         let workers: Vec<DumpWorker> = g
             .workers
             .iter()

@@ -243,3 +243,70 @@ fn gap_handler_may_call_back_into_the_index() {
         .unwrap();
     assert_eq!(reference.worker_block_count(wk(1)), 0);
 }
+
+/// A chain of 20,000 nodes (every other block of a long run removed, so
+/// no two neighbours can merge) is queried, dumped and dropped on a test
+/// thread's small stack without overflowing it: every walk is iterative.
+#[test]
+fn deep_chain_walks_and_drops_iteratively() {
+    let handle = std::thread::Builder::new()
+        .stack_size(256 * 1024)
+        .spawn(|| {
+            const N: u64 = 20_000;
+            let a = wk(1);
+            let locals: Vec<LocalHash> = (1..=N).map(LocalHash).collect();
+            let ix = ConcurrentIndex::new();
+            let ev = stored(a, 0, &[], &locals, 0);
+            let KvEventData::Stored { blocks, .. } = &ev.data else {
+                unreachable!()
+            };
+            let evens: Vec<ExternalHash> = blocks.iter().step_by(2).map(|b| b.external).collect();
+            ix.apply(&ev).unwrap();
+            ix.apply(&KvEvent {
+                worker: a,
+                event_id: 1,
+                data: KvEventData::Removed { hashes: evens },
+            })
+            .unwrap();
+            assert_eq!(ix.worker_block_count(a), (N / 2) as usize);
+            let shape = ix.tree_shape();
+            assert!(shape.nodes >= N as usize - 1, "{shape:?}");
+            // The first block is gone, so nothing matches from the root.
+            assert_eq!(ix.find_matches(&locals).len(), 0);
+            let dump = ix.dump();
+            let replica = ConcurrentIndex::new();
+            for ev in &dump {
+                replica.apply(ev).unwrap();
+            }
+            assert_eq!(replica.worker_block_count(a), (N / 2) as usize);
+            drop(replica);
+            drop(ix);
+        })
+        .unwrap();
+    handle.join().expect("no stack overflow");
+}
+
+/// Runs longer than a node's cap (256 blocks) span several nodes; sharing,
+/// branching, leaf-first eviction and re-extension across those node
+/// boundaries agree with the model, and no cap-sized pieces are left
+/// unmerged or over-merged.
+#[test]
+fn long_runs_span_capped_nodes() {
+    let (a, b) = (wk(1), wk(2));
+    let all: Vec<u64> = (1..=520).collect();
+    let p = l(&all);
+    let tail: Vec<&[LocalHash]> = (300..520).rev().map(|k| &p[..=k]).collect();
+    run(&[
+        stored(a, 0, &[], &p, 0),
+        stored(b, 0, &[], &p[..280], 0),
+        stored(b, 1, &p[..280], &l(&[5000, 5001]), 0),
+        removed(a, 1, &tail, 0),
+        stored(a, 2, &p[..300], &p[300..400], 0),
+        removed(b, 2, &[&p[..1]], 0),
+    ]);
+    let ix = ConcurrentIndex::new();
+    ix.apply(&stored(a, 0, &[], &p, 0)).unwrap();
+    let shape = ix.tree_shape();
+    assert_eq!((shape.nodes, shape.blocks, shape.mergeable), (3, 520, 0));
+    assert_eq!(ix.find_matches(&p).get(a), 520);
+}

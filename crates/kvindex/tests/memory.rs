@@ -34,6 +34,10 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static A: Counting = Counting;
 
+/// The allocator's count is process-wide: tests that read it run one at a
+/// time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn live() -> isize {
     LIVE.load(Relaxed)
 }
@@ -63,6 +67,7 @@ fn measure(
 
 #[test]
 fn memory_returns_to_empty_and_bytes_per_block() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let wl = Workload::generate(WorkloadConfig {
         workers: 32,
         requests: 8_000,
@@ -97,4 +102,27 @@ fn memory_returns_to_empty_and_bytes_per_block() {
     );
     assert_eq!(ours.tree_shape().nodes, 0);
     assert!(ours_bpb < ref_bpb, "ours {ours_bpb} vs reference {ref_bpb}");
+}
+
+/// Dropping a populated index frees all of it: live nodes reference their
+/// parents and tail continuations, cycles that the index's `Drop` breaks.
+#[test]
+fn dropping_a_populated_index_frees_everything() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let wl = Workload::generate(WorkloadConfig {
+        workers: 16,
+        requests: 4_000,
+        queries: 0,
+        ..WorkloadConfig::default()
+    });
+    let before = live();
+    let ours = ConcurrentIndex::new();
+    for ev in &wl.events {
+        let _ = ours.apply(ev);
+    }
+    let full = live() - before;
+    assert!(full > 100_000, "populated: {full} B");
+    drop(ours);
+    let after = live() - before;
+    assert!(after < 1024, "{after} B of {full} B left after drop");
 }

@@ -295,7 +295,9 @@ impl ConcurrentIndex {
                     shape.empty_leaves += 1;
                 }
                 if let Some(c) = g.children.single() {
-                    if c.read().workers == g.workers {
+                    let cg = c.read();
+                    if cg.workers == g.workers && g.blocks.len() + cg.blocks.len() <= write::MAX_RUN
+                    {
                         shape.mergeable += 1;
                     }
                 }
@@ -308,6 +310,26 @@ impl ConcurrentIndex {
             }
         }
         shape
+    }
+}
+
+impl Drop for ConcurrentIndex {
+    /// Tears the tree down iteratively (a path may be many thousands of
+    /// nodes deep) and breaks the parent / tail-link cycles between live
+    /// nodes, which reference counting alone would leak.
+    fn drop(&mut self) {
+        // Worker slots hold node references; without them every node is
+        // reachable only from the tree.
+        for shard in self.workers.iter() {
+            shard.write().clear();
+        }
+        let mut stack = vec![Arc::clone(&self.root)];
+        while let Some(n) = stack.pop() {
+            let mut g = n.write();
+            g.parent = None;
+            stack.extend(g.link.take());
+            stack.extend(g.children.take_all());
+        }
     }
 }
 
@@ -324,8 +346,8 @@ pub struct TreeShape {
     pub map_children: usize,
     /// Workerless leaves (should be unlinked: always 0 when quiescent).
     pub empty_leaves: usize,
-    /// Nodes with a single child held by the same workers (should have been
-    /// merged: 0 when quiescent).
+    /// Nodes with a single child held by the same workers whose runs fit in
+    /// one node (should have been merged: 0 when quiescent).
     pub mergeable: usize,
 }
 

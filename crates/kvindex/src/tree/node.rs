@@ -108,6 +108,15 @@ impl Children {
         }
     }
 
+    /// Empties the storage, returning every child.
+    pub fn take_all(&mut self) -> Vec<NodeRef> {
+        match std::mem::take(self) {
+            Children::None => Vec::new(),
+            Children::One(_, n) => vec![n],
+            Children::Many(m) => m.into_values().collect(),
+        }
+    }
+
     pub fn iter(&self) -> Box<dyn Iterator<Item = (&LocalHash, &NodeRef)> + '_> {
         match self {
             Children::None => Box::new(std::iter::empty()),

@@ -6,7 +6,7 @@ use hashbrown::{HashMap, HashSet};
 
 use super::node::NodeRef;
 use super::ConcurrentIndex;
-use crate::dump::{events_from_snapshot, DumpWorker, SnapNode};
+use crate::dump::{build_snapshot, events_from_snapshot, DumpWorker, SnapNode};
 use crate::event::{KvEvent, WorkerKey};
 use crate::hash::{ExternalHash, LocalHash};
 
@@ -47,43 +47,47 @@ impl ConcurrentIndex {
         events_from_snapshot(&roots, &workers)
     }
 
+    /// Copies the tree below the root into [`SnapNode`]s, children in
+    /// key order (iteratively: see [`build_snapshot`]).
     fn snap_children(
         &self,
-        n: &NodeRef,
+        root: &NodeRef,
         rev: &HashMap<u32, Rev>,
         keys: &[WorkerKey],
     ) -> Vec<SnapNode> {
-        let mut kids: Vec<(LocalHash, NodeRef)> = n
-            .read()
-            .children
-            .iter()
-            .map(|(k, c)| (*k, Arc::clone(c)))
-            .collect();
-        kids.sort_unstable_by_key(|(k, _)| *k);
-        kids.into_iter()
-            .map(|(_, c)| {
-                let (start, blocks, ws) = {
-                    let g = c.read();
-                    (g.start, g.blocks.to_vec(), g.workers.clone())
-                };
-                let ptr = Arc::as_ptr(&c) as usize;
-                let mut holders = Vec::new();
-                for w in ws {
-                    let Some(r) = rev.get(&w) else { continue };
-                    let exts: Option<Vec<ExternalHash>> = (0..blocks.len() as u32)
-                        .map(|j| r.get(&(ptr, start + j)).copied())
-                        .collect();
-                    if let Some(exts) = exts {
-                        holders.push((keys[w as usize], exts));
-                    }
+        let sorted_kids = |n: &NodeRef| {
+            let mut kids: Vec<(LocalHash, NodeRef)> = n
+                .read()
+                .children
+                .iter()
+                .map(|(k, c)| (*k, Arc::clone(c)))
+                .collect();
+            kids.sort_unstable_by_key(|(k, _)| *k);
+            kids.into_iter().map(|(_, c)| c).collect::<Vec<_>>()
+        };
+        build_snapshot(sorted_kids(root), |c| {
+            let (start, blocks, ws) = {
+                let g = c.read();
+                (g.start, g.blocks.to_vec(), g.workers.clone())
+            };
+            let ptr = Arc::as_ptr(&c) as usize;
+            let mut holders = Vec::new();
+            for w in ws {
+                let Some(r) = rev.get(&w) else { continue };
+                let exts: Option<Vec<ExternalHash>> = (0..blocks.len() as u32)
+                    .map(|j| r.get(&(ptr, start + j)).copied())
+                    .collect();
+                if let Some(exts) = exts {
+                    holders.push((keys[w as usize], exts));
                 }
-                holders.sort_by_key(|(k, _)| *k);
-                SnapNode {
-                    blocks,
-                    holders,
-                    children: self.snap_children(&c, rev, keys),
-                }
-            })
-            .collect()
+            }
+            holders.sort_by_key(|(k, _)| *k);
+            let node = SnapNode {
+                blocks,
+                holders,
+                children: Vec::new(),
+            };
+            (node, sorted_kids(&c))
+        })
     }
 }

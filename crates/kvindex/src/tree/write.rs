@@ -18,6 +18,11 @@ use super::{ConcurrentIndex, Loc, WorkerState};
 use crate::event::{ApplyError, KvEvent, StoredBlock};
 use crate::hash::ExternalHash;
 
+/// Longest run a node holds. Resolving a worker's block walks at most the
+/// nodes its slot's run was split into, so this bounds that walk (and an
+/// event stream that splits one long run block by block stays linear).
+pub(super) const MAX_RUN: usize = 256;
+
 /// Deepest supported depth (runs are addressed with `u32` depths).
 const MAX_DEPTH: u64 = u32::MAX as u64 - 2;
 
@@ -237,7 +242,12 @@ impl ConcurrentIndex {
                 }
             };
             let x_is_root = self.is_root(&arc_of(&x));
-            if !x_is_root && x.children.is_none() && x.workers.len() == 1 && x.workers[0] == w {
+            if !x_is_root
+                && x.children.is_none()
+                && x.workers.len() == 1
+                && x.workers[0] == w
+                && x.blocks.len() < MAX_RUN
+            {
                 // Sole holder of a leaf: append to its run.
                 let node = arc_of(&x);
                 let n = self.take_run(ws, &node, x.end(), blocks, i, &mut x.blocks);
@@ -297,11 +307,16 @@ impl ConcurrentIndex {
     ) -> usize {
         let mut n = 0;
         let mut depth = start;
-        run.reserve(blocks.len() - i);
-        ws.blocks.reserve(blocks.len() - i);
+        let room = MAX_RUN - run.len();
+        let want = (blocks.len() - i).min(room);
+        run.reserve(want);
+        ws.blocks.reserve(want);
         let slot = ws.slot_for(node);
         while let Some(bb) = blocks.get(i + n) {
-            if (depth as u64) >= MAX_DEPTH || !ws.insert_block(bb.external, slot, depth) {
+            if n == room
+                || (depth as u64) >= MAX_DEPTH
+                || !ws.insert_block(bb.external, slot, depth)
+            {
                 break;
             }
             run.push(bb.local);
@@ -501,7 +516,11 @@ impl ConcurrentIndex {
                 return;
             };
             let mut cg = c.write_arc();
-            if cg.dead || cg.workers != g.workers || cg.start != g.end() {
+            if cg.dead
+                || cg.workers != g.workers
+                || cg.start != g.end()
+                || g.blocks.len() + cg.blocks.len() > MAX_RUN
+            {
                 return;
             }
             if cg.workers.is_empty() && cg.children.is_none() {
