@@ -34,7 +34,7 @@
 //! assert_eq!(index.find_matches(&locals[..3]).get(w), 3);
 //! ```
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 mod dump;
 pub mod event;
@@ -55,7 +55,7 @@ pub use lanes::Lanes;
 pub use reference::ReferenceIndex;
 pub use scores::OverlapScores;
 pub use stats::{GapHandler, IndexStats};
-pub use tree::ConcurrentIndex;
+pub use tree::{reclaim_deferred, ConcurrentIndex};
 
 /// The operations every index provides. Both [`ConcurrentIndex`] and
 /// [`ReferenceIndex`] implement it.

@@ -34,6 +34,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static A: Counting = Counting;
 
+/// What crossbeam-epoch's collector may keep between collections.
+const EPOCH_ALLOWANCE: isize = 16 * 1024;
+
 /// The allocator's count is process-wide: tests that read it run one at a
 /// time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -48,6 +51,9 @@ fn measure(
     workers: &[WorkerKey],
     held: usize,
 ) -> (f64, isize) {
+    // Registers this thread with the epoch collector (a one-off allocation)
+    // before counting.
+    kvindex::reclaim_deferred();
     let before = live();
     for ev in events {
         let _ = ix.apply(ev);
@@ -61,6 +67,7 @@ fn measure(
         })
         .unwrap();
     }
+    kvindex::reclaim_deferred();
     let after = live() - before;
     (full as f64 / held as f64, after)
 }
@@ -95,9 +102,11 @@ fn memory_returns_to_empty_and_bytes_per_block() {
          residue after clearing every worker: ours {ours_after} B, reference {ref_after} B"
     );
     // After clearing, what remains is per-worker bookkeeping (event-id
-    // clock, counters, interned id, empty maps): under 512 bytes per worker.
+    // clock, counters, interned id, empty maps): under 512 bytes per worker,
+    // plus the epoch collector's own bags (a few KiB: freeing a bag of
+    // deferred releases defers the queue node that carried it).
     assert!(
-        ours_after < 512 * workers.len() as isize,
+        ours_after < 512 * workers.len() as isize + EPOCH_ALLOWANCE,
         "ours residue {ours_after}"
     );
     assert_eq!(ours.tree_shape().nodes, 0);
@@ -115,6 +124,7 @@ fn dropping_a_populated_index_frees_everything() {
         queries: 0,
         ..WorkloadConfig::default()
     });
+    kvindex::reclaim_deferred();
     let before = live();
     let ours = ConcurrentIndex::new();
     for ev in &wl.events {
@@ -123,6 +133,10 @@ fn dropping_a_populated_index_frees_everything() {
     let full = live() - before;
     assert!(full > 100_000, "populated: {full} B");
     drop(ours);
+    kvindex::reclaim_deferred();
     let after = live() - before;
-    assert!(after < 1024, "{after} B of {full} B left after drop");
+    assert!(
+        after < EPOCH_ALLOWANCE,
+        "{after} B of {full} B left after drop"
+    );
 }

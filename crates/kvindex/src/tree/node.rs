@@ -29,7 +29,68 @@ pub(crate) type WorkerSet = SmallVec<[Wid; 4]>;
 /// Run of local hashes.
 pub(crate) type Run = SmallVec<[LocalHash; 2]>;
 
-type ChildMap = HashMap<LocalHash, NodeRef, foldhash::fast::RandomState>;
+type ChildMap = HashMap<LocalHash, Linked, foldhash::fast::RandomState>;
+
+/// A parent's reference to a child: the reference readers follow.
+///
+/// Readers walk the tree without taking a reference count per node (see
+/// [`Linked::pinned`]), so dropping a `Linked` does not drop its `Arc`
+/// there and then: the drop is deferred through crossbeam-epoch until every
+/// thread pinned at that moment has unpinned. Writers use it as a plain
+/// [`NodeRef`] through `Deref`.
+pub(crate) struct Linked(Option<NodeRef>);
+
+impl Linked {
+    pub(crate) fn new(n: NodeRef) -> Self {
+        Linked(Some(n))
+    }
+
+    /// The reference, without deferral: only for a caller that knows no
+    /// reader can be pinned on this tree (the index's `Drop`).
+    pub(crate) fn into_inner(mut self) -> NodeRef {
+        self.0
+            .take()
+            .expect("a Linked holds its node until dropped")
+    }
+
+    /// The child, valid for as long as `guard` stays pinned, without a
+    /// reference count.
+    #[allow(unsafe_code)]
+    #[inline]
+    pub(crate) fn pinned<'g>(&self, _guard: &'g crossbeam_epoch::Guard) -> &'g RwLock<Node> {
+        let p = Arc::as_ptr(self);
+        // SAFETY: `self` is alive now, so its `Arc` holds one count on the
+        // node and the allocation is valid now. That count is released
+        // only by `Linked`'s `Drop` (or `into_inner`, used only by the
+        // index's `Drop`, which has exclusive access), which hands the
+        // `Arc` to `Guard::defer`: the `Arc` is dropped only after every
+        // thread that was pinned when `defer` ran has unpinned. `_guard`
+        // is pinned now, before any future drop of `self`, so the count
+        // (and the allocation) outlives `'g`. `RwLock<Node>` is `Sync`, so
+        // sharing the reference across the lock's users is sound.
+        unsafe { &*p }
+    }
+}
+
+impl std::ops::Deref for Linked {
+    type Target = NodeRef;
+
+    #[inline]
+    fn deref(&self) -> &NodeRef {
+        match &self.0 {
+            Some(n) => n,
+            None => unreachable!("a Linked holds its node until dropped"),
+        }
+    }
+}
+
+impl Drop for Linked {
+    fn drop(&mut self) {
+        if let Some(n) = self.0.take() {
+            crossbeam_epoch::pin().defer(move || drop(n));
+        }
+    }
+}
 
 /// A node's children, allocated only when first needed.
 #[derive(Default)]
@@ -38,13 +99,13 @@ pub(crate) enum Children {
     #[default]
     None,
     /// Exactly one child: no map allocated.
-    One(LocalHash, NodeRef),
+    One(LocalHash, Linked),
     /// Two or more children.
     Many(Box<ChildMap>),
 }
 
 impl Children {
-    pub fn get(&self, k: &LocalHash) -> Option<&NodeRef> {
+    pub fn get(&self, k: &LocalHash) -> Option<&Linked> {
         match self {
             Children::None => None,
             Children::One(key, n) => (key == k).then_some(n),
@@ -57,7 +118,7 @@ impl Children {
     }
 
     /// The only child, if there is exactly one.
-    pub fn single(&self) -> Option<&NodeRef> {
+    pub fn single(&self) -> Option<&Linked> {
         match self {
             Children::One(_, n) => Some(n),
             Children::Many(m) if m.len() == 1 => m.values().next(),
@@ -66,6 +127,7 @@ impl Children {
     }
 
     pub fn insert(&mut self, k: LocalHash, n: NodeRef) {
+        let n = Linked::new(n);
         match std::mem::take(self) {
             Children::None => *self = Children::One(k, n),
             Children::One(k0, n0) => {
@@ -82,7 +144,8 @@ impl Children {
     }
 
     /// Removes the child keyed `k`; shrinks `Many` back to `One`/`None`.
-    pub fn remove(&mut self, k: &LocalHash) -> Option<NodeRef> {
+    /// Dropping the result defers the node's release past current readers.
+    pub fn remove(&mut self, k: &LocalHash) -> Option<Linked> {
         match std::mem::take(self) {
             Children::None => None,
             Children::One(k0, n0) => {
@@ -109,15 +172,16 @@ impl Children {
     }
 
     /// Empties the storage, returning every child.
+    /// Only for a caller with exclusive access to the tree (no deferral).
     pub fn take_all(&mut self) -> Vec<NodeRef> {
         match std::mem::take(self) {
             Children::None => Vec::new(),
-            Children::One(_, n) => vec![n],
-            Children::Many(m) => m.into_values().collect(),
+            Children::One(_, n) => vec![n.into_inner()],
+            Children::Many(m) => m.into_values().map(Linked::into_inner).collect(),
         }
     }
 
-    pub fn iter(&self) -> Box<dyn Iterator<Item = (&LocalHash, &NodeRef)> + '_> {
+    pub fn iter(&self) -> Box<dyn Iterator<Item = (&LocalHash, &Linked)> + '_> {
         match self {
             Children::None => Box::new(std::iter::empty()),
             Children::One(k, n) => Box::new(std::iter::once((k, n))),
@@ -203,7 +267,7 @@ pub(crate) fn split(x: &mut WGuard, k: usize) -> NodeRef {
         parent: Some(this),
         link: x.link.take(),
     }));
-    x.children = Children::One(first, Arc::clone(&t));
+    x.children = Children::One(first, Linked::new(Arc::clone(&t)));
     x.link = Some(Arc::clone(&t));
     t
 }

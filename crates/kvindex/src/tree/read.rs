@@ -1,7 +1,5 @@
 //! Lookups.
 
-use std::sync::Arc;
-
 use smallvec::SmallVec;
 
 use super::node::Wid;
@@ -22,7 +20,15 @@ impl ConcurrentIndex {
         let Some(first) = q.first() else {
             return out;
         };
-        let mut next = self.root.read().children.get(first).map(Arc::clone);
+        // Pinned for the whole walk: nodes are followed by plain reference
+        // (`Linked::pinned`), with no reference count per node visited.
+        let guard = crossbeam_epoch::pin();
+        let mut next = self
+            .root
+            .read()
+            .children
+            .get(first)
+            .map(|c| c.pinned(&guard));
         let mut active: SmallVec<[Wid; 128]> = SmallVec::new();
         let mut done: SmallVec<[(Wid, u32); 64]> = SmallVec::new();
         let mut depth = 0usize;
@@ -66,7 +72,7 @@ impl ConcurrentIndex {
             if active.is_empty() || k < run.len() || depth == q.len() {
                 break;
             }
-            next = g.children.get(&q[depth]).map(Arc::clone);
+            next = g.children.get(&q[depth]).map(|c| c.pinned(&guard));
         }
         if done.is_empty() && active.is_empty() {
             return out;

@@ -183,8 +183,13 @@ impl ConcurrentIndex {
             }
             // At the end of `cur`'s run: find or make the child for b.
             let child = match &cur {
-                Some(x) => x.children.get(&b.local).cloned(),
-                None => self.root.read().children.get(&b.local).cloned(),
+                Some(x) => x.children.get(&b.local).map(|c| NodeRef::clone(c)),
+                None => self
+                    .root
+                    .read()
+                    .children
+                    .get(&b.local)
+                    .map(|c| NodeRef::clone(c)),
             };
             if let Some(c) = child {
                 let mut cg = c.write_arc();
@@ -512,7 +517,7 @@ impl ConcurrentIndex {
             if g.dead {
                 return;
             }
-            let Some(c) = g.children.single().cloned() else {
+            let Some(c) = g.children.single().map(|c| NodeRef::clone(c)) else {
                 return;
             };
             let mut cg = c.write_arc();
