@@ -50,6 +50,8 @@ fn tiny_synthetic_run_prints_both_sections_and_writes_outputs() {
         "round-robin",
         "least-loaded",
         "kv-aware",
+        "kv-balanced",
+        "kv-balanced (ours) reaches",
         "Index stress replay",
         "ours",
         "reference",
@@ -60,7 +62,7 @@ fn tiny_synthetic_run_prints_both_sections_and_writes_outputs() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let policies = report["policies"].as_array().unwrap();
-    assert_eq!(policies.len(), 4);
+    assert_eq!(policies.len(), 5);
     let hit = |name: &str| {
         policies.iter().find(|p| p["policy"] == name).unwrap()["hit_rate"]
             .as_f64()
@@ -69,12 +71,19 @@ fn tiny_synthetic_run_prints_both_sections_and_writes_outputs() {
     let bound = report["workload"]["infinite_cache_hit_rate"]
         .as_f64()
         .unwrap();
-    assert!(hit("kv-aware") >= hit("random"));
-    assert!(hit("kv-aware") <= bound + 1e-9);
+    for kv in ["kv-aware", "kv-balanced"] {
+        assert!(hit(kv) >= hit("random"), "{kv}");
+        assert!(hit(kv) <= bound + 1e-9, "{kv}");
+    }
+    assert_eq!(
+        report["fleet"]["balance"]["abs"], 8,
+        "an eighth of the batch"
+    );
     assert_eq!(report["stress"].as_array().unwrap().len(), 2);
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert!(plot.starts_with("<svg") && plot.trim_end().ends_with("</svg>"));
     assert!(plot.contains("polyline"), "latency CDF drawn");
+    assert!(plot.contains(">kv-balanced</text>"), "our policy plotted");
 }
 
 #[test]
@@ -193,6 +202,10 @@ fn bad_flags_exit_2_with_clap_errors() {
         &["kv", "replay", "--policies", "fastest"],
         &["kv", "replay", "--impls", "btree"],
         &["kv", "replay", "--temperature", "-1"],
+        &["kv", "replay", "--balance-ratio", "0.5"],
+        &["kv", "replay", "--balance-abs", "0"],
+        &["kv", "replay", "--cache-threshold", "1.5"],
+        &["kv", "replay", "--pressure-half-life-s", "0"],
         &["kv", "replay", "--event-lanes", "0"],
         &["kv", "replay", "--no-such-flag"],
         &["kv", "replay", "--stress", "--no-stress"],
@@ -238,6 +251,12 @@ fn help_explains_the_knobs() {
         "--kv-blocks",
         "--prefill-tps",
         "--temperature",
+        "--overlap-weight",
+        "kv-balanced",
+        "--balance-ratio",
+        "--balance-abs",
+        "--cache-threshold",
+        "--pressure-half-life-s",
         "--stress",
         "--window-ms",
         "--event-lanes",

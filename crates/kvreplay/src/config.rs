@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::engine::EngineConfig;
-use crate::policy::{KvCost, PolicyKind};
+use crate::policy::{Balance, KvCost, PolicyKind};
 use crate::replay::SimConfig;
 use crate::stress::{IndexImpl, SweepConfig};
 use crate::synth::SynthConfig;
@@ -36,6 +36,15 @@ fn at_least_one_f64(s: &str) -> Result<f64, String> {
         Ok(v)
     } else {
         Err(format!("must be a number >= 1, got {s}"))
+    }
+}
+
+fn fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("must be between 0 and 1, got {s}"))
     }
 }
 
@@ -160,19 +169,54 @@ pub struct ReplayArgs {
     pub max_batch: u32,
 
     // ---- routing ----
-    /// Routing policies to compare (comma-separated).
+    /// Routing policies to compare (comma-separated). kv-aware is Dynamo's
+    /// cost (--overlap-weight, --temperature); kv-balanced is ours: the
+    /// longest cached prefix among workers that are not overloaded
+    /// (--balance-ratio, --balance-abs), the least cache pressure for
+    /// requests without a useful prefix (--cache-threshold,
+    /// --pressure-half-life-s).
     #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL, help_heading = "Routing")]
     pub policies: Vec<PolicyKind>,
 
-    /// KV-aware softmax temperature: 0 picks the cheapest worker, above 0
-    /// samples (higher = more random).
+    /// kv-aware (Dynamo) softmax temperature: 0 picks the cheapest worker,
+    /// above 0 samples (higher = more random).
     #[arg(long, default_value_t = KvCost::default().temperature, value_parser = non_negative_f64, help_heading = "Routing")]
     pub temperature: f64,
 
-    /// KV-aware weight of prefill blocks (after overlap credit) against
-    /// decode blocks in the cost.
+    /// kv-aware (Dynamo) weight of prefill blocks (after overlap credit)
+    /// against decode blocks in the cost; Dynamo's default is 1.
     #[arg(long, default_value_t = KvCost::default().overlap_weight, value_parser = non_negative_f64, help_heading = "Routing")]
     pub overlap_weight: f64,
+
+    /// kv-balanced load guard: a worker whose in-flight requests exceed this
+    /// multiple of the fleet mean (and the least-loaded worker's by
+    /// --balance-abs) is skipped. 1.5 = the busiest worker may carry half
+    /// again the mean load, the tolerance the routing target allows.
+    #[arg(long, default_value_t = Balance::default().ratio, value_name = "RATIO", value_parser = at_least_one_f64, help_heading = "Routing")]
+    pub balance_ratio: f64,
+
+    /// kv-balanced load guard margin, in-flight requests over the
+    /// least-loaded worker's. Default: an eighth of --max-batch (8), so a
+    /// burst of arrivals (Mooncake traces arrive in whole-second bursts)
+    /// does not push conversations off their cache, while a persistent hot
+    /// spot still trips the guard.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Routing")]
+    pub balance_abs: Option<u64>,
+
+    /// kv-balanced: follow the longest cached prefix only when it covers at
+    /// least this fraction of the request's blocks; below it (for instance a
+    /// short system prompt every request shares) the request goes to the
+    /// worker with the least cache pressure instead of piling onto
+    /// whichever worker cached that prefix first.
+    #[arg(long, default_value_t = Balance::default().cache_threshold, value_name = "FRACTION", value_parser = fraction, help_heading = "Routing")]
+    pub cache_threshold: f64,
+
+    /// kv-balanced: half-life, seconds, of each worker's cache pressure (the
+    /// blocks the router sent it to compute and store). Long enough to
+    /// average over bursts of arrivals, short against the minutes a full
+    /// cache takes to turn over.
+    #[arg(long, default_value_t = Balance::default().half_life_s, value_name = "S", value_parser = positive_f64, help_heading = "Routing")]
+    pub pressure_half_life_s: f64,
 
     // ---- stress ----
     /// Stress mode: skip the routing comparison and run only the index stress
@@ -298,6 +342,14 @@ impl ReplayArgs {
             cost: KvCost {
                 overlap_weight: self.overlap_weight,
                 temperature: self.temperature,
+            },
+            balance: Balance {
+                ratio: self.balance_ratio,
+                abs: self
+                    .balance_abs
+                    .unwrap_or_else(|| Balance::default_abs(self.max_batch as usize)),
+                cache_threshold: self.cache_threshold,
+                half_life_s: self.pressure_half_life_s,
             },
             seed: self.seed,
         }

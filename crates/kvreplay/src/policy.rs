@@ -1,17 +1,42 @@
-//! Routing policies: random, round-robin, least-loaded and KV-aware.
+//! Routing policies: random, round-robin, least-loaded, Dynamo's KV-aware
+//! cost (`kv-aware`) and ours (`kv-balanced`).
 //!
-//! The KV-aware cost follows Dynamo's router: for worker `w`,
-//! `cost_w = overlap_weight * prefill_w + decode_w`, where `prefill_w` is the
-//! request's blocks not covered by `w`'s cached prefix (its overlap score
-//! from the index) plus the prefill blocks already pending on `w`, and
-//! `decode_w` is the distinct KV blocks in use by requests active on `w`
-//! plus the blocks this request would add to them (its blocks minus the
-//! leading ones already in use there), as Dynamo's active-sequence
-//! tracking counts them.
+//! # `kv-aware`: Dynamo's cost
+//! For worker `w`, `cost_w = overlap_weight * prefill_w + decode_w`, where
+//! `prefill_w` is the request's blocks not covered by `w`'s cached prefix
+//! (its overlap score from the index) plus the prefill blocks already
+//! pending on `w`, and `decode_w` is the distinct KV blocks in use by
+//! requests active on `w` plus the blocks this request would add to them
+//! (its blocks minus the leading ones already in use there), as Dynamo's
+//! active-sequence tracking counts them.
 //! Temperature 0 picks the cheapest worker (ties broken at random);
 //! above 0 it samples from a softmax over the costs normalised to `[0, 1]`
 //! divided by the temperature.
-
+//!
+//! # `kv-balanced`: ours
+//! Cache affinity first, with a load guard, in the manner of SGLang's
+//! cache-aware router, plus a cache-pressure balance for requests that
+//! have no useful prefix anywhere ([`Balance`] holds the knobs):
+//!
+//! 1. **Guard.** A worker is overloaded when its in-flight requests
+//!    (queued + running) exceed both `ratio` x the fleet mean and the
+//!    least-loaded worker's by at least `abs`. Overloaded workers are not
+//!    considered (the least-loaded worker never is overloaded).
+//! 2. **Warm route.** When the longest cached prefix among the remaining
+//!    workers covers at least `cache_threshold` of the request's blocks, the
+//!    request goes to a worker holding that longest prefix.
+//! 3. **Cold route.** Otherwise any remaining worker may take it.
+//!
+//! Among the workers a route allows, the one with the least cache pressure
+//! wins, then the fewest in-flight requests, then a random one. Cache
+//! pressure is the router's own record of the blocks it sent each worker to
+//! compute and store (request blocks minus that worker's overlap), decayed
+//! with a half-life of `half_life_s`: equal pressure means equal insertion
+//! rates, so every worker's LRU keeps a conversation for about as long.
+//! Pending prefill is deliberately not part of the choice: moving a
+//! conversation away from its cache to dodge a short queue trades the
+//! fleet's compute (the hit rate) for one request's latency; a real
+//! overload shows in the in-flight count and trips the guard.
 use std::fmt;
 use std::str::FromStr;
 
@@ -31,15 +56,19 @@ pub enum PolicyKind {
     LeastLoaded,
     /// Dynamo's KV-aware cost over the index's overlap scores.
     KvAware,
+    /// Ours: longest cached prefix among workers that are not overloaded,
+    /// least cache pressure for requests with no useful prefix.
+    KvBalanced,
 }
 
 impl PolicyKind {
     /// All policies, in report order.
-    pub const ALL: [PolicyKind; 4] = [
+    pub const ALL: [PolicyKind; 5] = [
         PolicyKind::Random,
         PolicyKind::RoundRobin,
         PolicyKind::LeastLoaded,
         PolicyKind::KvAware,
+        PolicyKind::KvBalanced,
     ];
 
     /// The name used on the command line and in reports.
@@ -49,7 +78,13 @@ impl PolicyKind {
             PolicyKind::RoundRobin => "round-robin",
             PolicyKind::LeastLoaded => "least-loaded",
             PolicyKind::KvAware => "kv-aware",
+            PolicyKind::KvBalanced => "kv-balanced",
         }
+    }
+
+    /// Whether the policy consults the KV index.
+    pub fn uses_index(self) -> bool {
+        matches!(self, PolicyKind::KvAware | PolicyKind::KvBalanced)
     }
 }
 
@@ -61,7 +96,9 @@ impl fmt::Display for PolicyKind {
 
 /// An unknown policy name.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("unknown policy {0:?}; expected random, round-robin, least-loaded or kv-aware")]
+#[error(
+    "unknown policy {0:?}; expected random, round-robin, least-loaded, kv-aware or kv-balanced"
+)]
 pub struct UnknownPolicy(pub String);
 
 impl FromStr for PolicyKind {
@@ -106,26 +143,133 @@ impl Default for KvCost {
     }
 }
 
+/// Knobs of our `kv-balanced` policy (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Balance {
+    /// A worker is overloaded when its in-flight requests exceed this
+    /// multiple of the fleet mean (and the `abs` margin below).
+    pub ratio: f64,
+    /// ... and exceed the least-loaded worker's by at least this many.
+    pub abs: u64,
+    /// Fraction of the request's blocks the longest cached prefix must
+    /// cover for the request to follow it.
+    pub cache_threshold: f64,
+    /// Half-life of the cache-pressure record, seconds.
+    pub half_life_s: f64,
+}
+
+impl Balance {
+    /// The default guard margin for engines of `max_batch` slots: an
+    /// eighth of a batch (8 for the default batch of 64).
+    pub fn default_abs(max_batch: usize) -> u64 {
+        (max_batch as u64 / 8).max(1)
+    }
+}
+
+impl Default for Balance {
+    fn default() -> Self {
+        Self {
+            ratio: 1.5,
+            abs: Balance::default_abs(64),
+            cache_threshold: 0.1,
+            half_life_s: 60.0,
+        }
+    }
+}
+
 /// A stateful router for one policy.
 #[derive(Debug, Clone)]
 pub struct Router {
     kind: PolicyKind,
     cost: KvCost,
+    balance: Balance,
     rng: ChaCha8Rng,
     next: usize,
     scratch: Vec<f64>,
+    /// Per worker: cache pressure (decayed blocks sent to store) and when
+    /// it was last updated, µs.
+    pressure: Vec<(f64, u64)>,
 }
 
 impl Router {
     /// A router with its own seeded RNG.
-    pub fn new(kind: PolicyKind, cost: KvCost, seed: u64) -> Self {
+    pub fn new(kind: PolicyKind, cost: KvCost, balance: Balance, seed: u64) -> Self {
         Self {
             kind,
             cost,
+            balance,
             rng: ChaCha8Rng::seed_from_u64(seed),
             next: 0,
             scratch: Vec::new(),
+            pressure: Vec::new(),
         }
+    }
+
+    /// `kv-balanced`'s cache pressure of worker `w` at `now_us`: the blocks
+    /// it was sent to compute and store, each weighted by
+    /// `2^(-age / half_life)`.
+    pub fn pressure(&self, w: usize, now_us: u64) -> f64 {
+        self.pressure.get(w).map_or(0.0, |&(v, t)| {
+            let age_s = now_us.saturating_sub(t) as f64 / 1e6;
+            v * (-age_s / self.balance.half_life_s).exp2()
+        })
+    }
+
+    fn add_pressure(&mut self, w: usize, blocks: u64, now_us: u64) {
+        if self.pressure.len() <= w {
+            self.pressure.resize(w + 1, (0.0, 0));
+        }
+        let v = self.pressure(w, now_us) + blocks as f64;
+        self.pressure[w] = (v, now_us.max(self.pressure[w].1));
+    }
+
+    /// Which workers `kv-balanced`'s guard leaves in play (not overloaded).
+    pub fn eligible(&self, loads: &[WorkerLoad]) -> Vec<bool> {
+        let n = loads.len().max(1) as f64;
+        let mean = loads.iter().map(|l| l.active_requests as f64).sum::<f64>() / n;
+        let min = loads.iter().map(|l| l.active_requests).min().unwrap_or(0);
+        loads
+            .iter()
+            .map(|l| {
+                let r = l.active_requests;
+                !(r as f64 > self.balance.ratio * mean && r - min >= self.balance.abs.max(1))
+            })
+            .collect()
+    }
+
+    /// `kv-balanced`'s choice.
+    fn balanced(
+        &mut self,
+        now_us: u64,
+        request_blocks: u64,
+        loads: &[WorkerLoad],
+        overlaps: &[u32],
+    ) -> usize {
+        let eligible = self.eligible(loads);
+        let best = (0..loads.len())
+            .filter(|&w| eligible[w])
+            .map(|w| overlaps[w])
+            .max()
+            .unwrap_or(0);
+        let warm =
+            best > 0 && f64::from(best) >= self.balance.cache_threshold * request_blocks as f64;
+        let mut s = std::mem::take(&mut self.scratch);
+        s.clear();
+        for (w, l) in loads.iter().enumerate() {
+            let allowed = eligible[w] && (!warm || overlaps[w] == best);
+            s.push(if allowed {
+                // Pressure decides; in-flight requests break exact ties
+                // (workers that were never sent anything to store).
+                self.pressure(w, now_us) * 1e6 + l.active_requests as f64
+            } else {
+                f64::INFINITY
+            });
+        }
+        let w = self.argmin_random(&s);
+        self.scratch = s;
+        let stored = request_blocks.saturating_sub(u64::from(overlaps[w]));
+        self.add_pressure(w, stored, now_us);
+        w
     }
 
     /// The policy.
@@ -170,12 +314,20 @@ impl Router {
         0
     }
 
-    /// Chooses a worker. `overlaps` is needed by the KV-aware policy only
-    /// (one score per worker, in worker order). `loads` is never empty.
-    pub fn choose(&mut self, request_blocks: u64, loads: &[WorkerLoad], overlaps: &[u32]) -> usize {
+    /// Chooses a worker for a request of `request_blocks` blocks arriving
+    /// at `now_us`. `overlaps` is needed by the KV-aware policies only (one
+    /// score per worker, in worker order). `loads` is never empty.
+    pub fn choose(
+        &mut self,
+        now_us: u64,
+        request_blocks: u64,
+        loads: &[WorkerLoad],
+        overlaps: &[u32],
+    ) -> usize {
         let n = loads.len();
         debug_assert!(n > 0);
         match self.kind {
+            PolicyKind::KvBalanced => self.balanced(now_us, request_blocks, loads, overlaps),
             PolicyKind::Random => self.rng.random_range(0..n),
             PolicyKind::RoundRobin => {
                 let w = self.next % n;
@@ -238,41 +390,56 @@ mod tests {
 
     #[test]
     fn round_robin_cycles() {
-        let mut r = Router::new(PolicyKind::RoundRobin, KvCost::default(), 1);
-        let got: Vec<usize> = (0..7).map(|_| r.choose(1, &idle(3), &[0; 3])).collect();
+        let mut r = Router::new(
+            PolicyKind::RoundRobin,
+            KvCost::default(),
+            Balance::default(),
+            1,
+        );
+        let got: Vec<usize> = (0..7).map(|_| r.choose(0, 1, &idle(3), &[0; 3])).collect();
         assert_eq!(got, vec![0, 1, 2, 0, 1, 2, 0]);
     }
 
     #[test]
     fn random_covers_all_workers() {
-        let mut r = Router::new(PolicyKind::Random, KvCost::default(), 1);
+        let mut r = Router::new(PolicyKind::Random, KvCost::default(), Balance::default(), 1);
         let mut seen = [0; 4];
         for _ in 0..400 {
-            seen[r.choose(1, &idle(4), &[0; 4])] += 1;
+            seen[r.choose(0, 1, &idle(4), &[0; 4])] += 1;
         }
         assert!(seen.iter().all(|&c| c > 60), "{seen:?}");
     }
 
     #[test]
     fn least_loaded_prefers_fewest_requests() {
-        let mut r = Router::new(PolicyKind::LeastLoaded, KvCost::default(), 1);
+        let mut r = Router::new(
+            PolicyKind::LeastLoaded,
+            KvCost::default(),
+            Balance::default(),
+            1,
+        );
         let mut loads = idle(3);
         loads[0].active_requests = 2;
         loads[1].active_requests = 1;
         loads[2].active_requests = 1;
         loads[2].active_blocks = 10;
-        assert_eq!(r.choose(1, &loads, &[0; 3]), 1);
+        assert_eq!(r.choose(0, 1, &loads, &[0; 3]), 1);
     }
 
     #[test]
     fn kv_aware_trades_overlap_against_load() {
-        let mut r = Router::new(PolicyKind::KvAware, KvCost::default(), 1);
+        let mut r = Router::new(
+            PolicyKind::KvAware,
+            KvCost::default(),
+            Balance::default(),
+            1,
+        );
         let loads = idle(3);
-        assert_eq!(r.choose(10, &loads, &[0, 8, 3]), 1);
+        assert_eq!(r.choose(0, 10, &loads, &[0, 8, 3]), 1);
         // a heavily loaded worker loses its overlap advantage
         let mut loads = idle(3);
         loads[1].active_blocks = 100;
-        assert_eq!(r.choose(10, &loads, &[0, 8, 3]), 2);
+        assert_eq!(r.choose(0, 10, &loads, &[0, 8, 3]), 2);
         let c = r.kv_costs(10, &loads, &[0, 8, 3]);
         assert_eq!(c, vec![20.0, 112.0, 17.0]);
     }
@@ -285,15 +452,84 @@ mod tests {
                 temperature: 0.5,
                 ..KvCost::default()
             },
+            Balance::default(),
             3,
         );
         let mut seen = [0; 3];
         for _ in 0..1000 {
-            seen[r.choose(10, &idle(3), &[0, 10, 5])] += 1;
+            seen[r.choose(0, 10, &idle(3), &[0, 10, 5])] += 1;
         }
         assert!(
             seen[1] > seen[2] && seen[2] > seen[0] && seen[0] > 0,
             "{seen:?}"
         );
+    }
+
+    fn balanced(seed: u64) -> Router {
+        Router::new(
+            PolicyKind::KvBalanced,
+            KvCost::default(),
+            Balance::default(),
+            seed,
+        )
+    }
+
+    #[test]
+    fn kv_balanced_prefers_the_longest_cached_prefix() {
+        let mut r = balanced(1);
+        assert_eq!(r.choose(0, 10, &idle(3), &[0, 8, 3]), 1);
+        // Load differences below the guard's margin (8 in-flight requests
+        // over the least-loaded worker) do not move a conversation off its
+        // cache, whatever its queue: pending prefill is not a criterion.
+        let mut loads = idle(3);
+        loads[1].active_requests = 7;
+        loads[1].pending_prefill_blocks = 10_000;
+        loads[1].active_blocks = 10_000;
+        assert_eq!(r.choose(0, 10, &loads, &[0, 8, 3]), 1);
+        assert_eq!(r.eligible(&loads), vec![true; 3]);
+    }
+
+    #[test]
+    fn kv_balanced_falls_back_under_imbalance() {
+        let mut r = balanced(1);
+        let mut loads = idle(3);
+        loads[0].active_requests = 1;
+        loads[1].active_requests = 9;
+        loads[2].active_requests = 2;
+        // 9 > 1.5 x mean 4 and 9 - 0 >= 8: worker 1 is overloaded and
+        // skipped; the next longest prefix (3 of 10 blocks) wins.
+        assert_eq!(r.eligible(&loads), vec![true, false, true]);
+        assert_eq!(r.choose(0, 10, &loads, &[0, 8, 3]), 2);
+        // With no useful prefix left (1 block < 10% of 100), the request is
+        // cold and goes to the least cache pressure: worker 2 was just sent
+        // 7 blocks to store, worker 0 nothing.
+        assert_eq!(r.choose(0, 100, &loads, &[0, 90, 1]), 0);
+        // The least-loaded worker is never overloaded.
+        let mut all = idle(2);
+        all[0].active_requests = 100;
+        all[1].active_requests = 100;
+        assert_eq!(r.eligible(&all), vec![true, true]);
+    }
+
+    #[test]
+    fn kv_balanced_spreads_cold_requests_by_cache_pressure() {
+        let mut r = balanced(7);
+        // A prefix every worker shares a little of (a short common system
+        // prompt, here 5 of 100 blocks) is below the cache threshold: cold
+        // requests spread instead of piling onto worker 0, which holds a
+        // block more of it.
+        let overlaps = [6, 5, 5, 5];
+        let mut seen = [0; 4];
+        for _ in 0..8 {
+            seen[r.choose(0, 100, &idle(4), &overlaps)] += 1;
+        }
+        assert_eq!(seen, [2; 4]);
+        // Pressure decays with the half-life: after 60 s a worker's record
+        // counts half.
+        let p = r.pressure(1, 0);
+        assert!(p > 0.0);
+        assert!((r.pressure(1, 60_000_000) - p / 2.0).abs() < 1e-9);
+        // A warm request still follows its prefix regardless of pressure.
+        assert_eq!(r.choose(0, 100, &idle(4), &[5, 5, 60, 5]), 2);
     }
 }

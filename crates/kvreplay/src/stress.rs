@@ -478,7 +478,7 @@ pub fn sweep(
 mod tests {
     use super::*;
     use crate::engine::EngineConfig;
-    use crate::policy::{KvCost, PolicyKind};
+    use crate::policy::{Balance, KvCost, PolicyKind};
     use crate::replay::{request_hashes, simulate, SimConfig};
     use crate::synth::{generate, SynthConfig};
 
@@ -497,6 +497,7 @@ mod tests {
                 ..Default::default()
             },
             cost: KvCost::default(),
+            balance: Balance::default(),
             seed: 3,
         };
         let h = request_hashes(&w);
