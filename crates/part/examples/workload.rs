@@ -9,6 +9,23 @@ fn key(i: u32) -> [u8; 4] {
     (1000 + i).to_be_bytes()
 }
 
+fn big_and_order() -> &'static (Tree<u64>, Vec<u64>) {
+    static BIG: std::sync::OnceLock<(Tree<u64>, Vec<u64>)> = std::sync::OnceLock::new();
+    BIG.get_or_init(|| {
+        let mut t = Tree::new().txn();
+        for k in 0..100_000u64 {
+            t.insert(&k.to_be_bytes(), k).unwrap();
+        }
+        // A fixed permutation (multiplication by an odd constant mod 2^17,
+        // keeping the values below 100k).
+        let order = (0..1u64 << 17)
+            .map(|i| i.wrapping_mul(0x9e37_79b1) & ((1 << 17) - 1))
+            .filter(|&k| k < 100_000)
+            .collect();
+        (t.commit(), order)
+    })
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let what = args.next().unwrap_or_else(|| "insert".into());
@@ -60,8 +77,20 @@ fn main() {
                 }
                 sink += t.len() as u64;
             }
+            "delete_random" => {
+                // Delete_Random: 100k 8-byte keys deleted in one txn, in a
+                // fixed pseudo-random order.
+                let (big, order) = big_and_order();
+                let mut t = big.txn();
+                for &k in order {
+                    t.delete(&k.to_be_bytes());
+                }
+                sink += t.len() as u64;
+            }
             other => {
-                eprintln!("unknown workload {other}: insert | modify | txn1 | get | all | delete");
+                eprintln!(
+                    "unknown workload {other}: insert | modify | txn1 | get | all | delete | delete_random"
+                );
                 std::process::exit(2);
             }
         }
