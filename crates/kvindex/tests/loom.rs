@@ -5,10 +5,18 @@
 //! with the same steps, orderings and reader checks: child storage
 //! (empty -> one -> many), split (tail built before it is published, both
 //! under the node's write lock), merge (absorb the single child, mark it
-//! dead with a forward link), and unlink/reclaim (dead flag, last `Arc`
-//! frees the node). Each model asserts the reader never overcounts: if a
-//! removal finished before the query started, the removed blocks are never
+//! dead with a forward link), and unlink (dead flag, the tree's reference
+//! dropped). Each model asserts the reader never overcounts: if a removal
+//! finished before the query started, the removed blocks are never
 //! credited.
+//!
+//! Readers here hold an `Arc` to the node they walk to; the crate's readers
+//! hold a plain reference under a crossbeam-epoch pin instead, and the
+//! tree's reference to an unlinked node is released through `Guard::defer`.
+//! That the deferral keeps such a node alive is crossbeam-epoch's guarantee
+//! (loom-tested in crossbeam itself); that our code relies on nothing more
+//! is checked by the AddressSanitizer run of `tests/stress.rs` in `.ci/run`,
+//! which reports a heap use-after-free when the deferral is removed.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p kvindex --release --test loom`
 //! (add `--target-dir target/loom` to keep the normal build cache).

@@ -232,10 +232,15 @@ fn snapshots_and_owned_iterators_cross_threads() {
 fn concurrent_watchers_never_miss_a_commit() {
     let published = Arc::new(Mutex::new(tree_of(&[b"key", b"other"])));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Fired waits per reader: the writer goes on until every reader has
+    // seen a few commits fire its watch (a fast writer could otherwise be
+    // done before a reader starts).
+    let fired: Arc<[std::sync::atomic::AtomicU32; 3]> = Arc::new(Default::default());
     let mut readers = Vec::new();
     for r in 0..3 {
         let published = published.clone();
         let stop = stop.clone();
+        let fired = fired.clone();
         readers.push(std::thread::spawn(move || {
             let mut waited = 0u32;
             while !stop.load(std::sync::atomic::Ordering::Acquire) {
@@ -253,11 +258,19 @@ fn concurrent_watchers_never_miss_a_commit() {
                     return waited;
                 }
                 waited += 1;
+                fired[r].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             waited
         }));
     }
-    for i in 0..3000u32 {
+    for i in 0..2_000_000u32 {
+        if i >= 3000
+            && fired
+                .iter()
+                .all(|f| f.load(std::sync::atomic::Ordering::Relaxed) >= 10)
+        {
+            break;
+        }
         let cur = published.lock().unwrap().clone();
         let mut txn = cur.txn();
         txn.insert(b"key", i).unwrap();

@@ -267,3 +267,57 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Small transactions on a node256: each one writes through a delta
+    /// (patches over the shared node), which fills up and is flattened,
+    /// carries tombstones for deleted children and shrinks to a node48
+    /// when enough are gone. Every committed tree and every snapshot reads
+    /// exactly like the model.
+    #[test]
+    fn small_txns_on_wide_nodes(
+        base in 49u16..120,
+        ops in proptest::collection::vec((any::<u8>(), 0u8..2, 0u8..4, any::<u32>(), 1usize..24), 20..160),
+    ) {
+        let mut model = Model::new();
+        let mut txn = Tree::new().txn();
+        for a in 0..base {
+            let k = vec![a as u8];
+            txn.insert(&k, a as u32).unwrap();
+            model.insert(k, a as u32);
+        }
+        let mut tree = txn.commit();
+        let mut snapshots = vec![(tree.clone(), model.clone())];
+        let mut i = 0;
+        while i < ops.len() {
+            let n = ops[i].4.min(ops.len() - i);
+            let mut txn = tree.txn();
+            for (a, b, op, v, _) in &ops[i..i + n] {
+                // Mostly one-byte keys (children of the root node256),
+                // some two-byte ones (a child becomes an inner node).
+                // Three ops in four delete, mostly keys that are present, so
+                // the node256 (over 48 children at the start) can shrink.
+                let a = if *op < 3 { (u16::from(*a) % base) as u8 } else { *a };
+                let k = if *b == 0 { vec![a] } else { vec![a, *b] };
+                if *op < 3 {
+                    prop_assert_eq!(txn.delete(&k), model.remove(&k));
+                } else {
+                    prop_assert_eq!(txn.insert(&k, *v).unwrap(), model.insert(k, *v));
+                }
+                prop_assert_eq!(txn.len(), model.len());
+            }
+            txn.check_invariants().map_err(TestCaseError::fail)?;
+            tree = txn.commit();
+            check(&tree).map_err(TestCaseError::fail)?;
+            check_reads(&tree, &model, &[7], &[200, 1])?;
+            snapshots.push((tree.clone(), model.clone()));
+            i += n;
+        }
+        for (snap, m) in &snapshots {
+            check(snap).map_err(TestCaseError::fail)?;
+            check_reads(snap, m, &[7], &[200, 1])?;
+        }
+    }
+}
