@@ -201,6 +201,41 @@ impl<V> D256<V> {
         }
     }
 
+    /// A delta with no patches over `base`, for a transaction's write.
+    #[inline(never)]
+    fn over(base: &Arc<N256<V>>) -> Child<V>
+    where
+        V: Clone,
+    {
+        Child::D256(Arc::new(D256 {
+            h: base.h.copy(),
+            terminal: base.terminal.clone(),
+            len: base.len,
+            n: 0,
+            patched: [0; 4],
+            keys: [0; D256_MAX],
+            patches: none_array(),
+            base: base.clone(),
+        }))
+    }
+
+    #[inline(never)]
+    fn copy(&self) -> Child<V>
+    where
+        V: Clone,
+    {
+        Child::D256(Arc::new(D256 {
+            h: self.h.copy(),
+            terminal: self.terminal.clone(),
+            len: self.len,
+            n: self.n,
+            patched: self.patched,
+            keys: self.keys,
+            patches: clone_slots(&self.patches, self.n as usize),
+            base: self.base.clone(),
+        }))
+    }
+
     /// Adds a patch for an unpatched byte; the caller checked for room.
     fn push_patch(&mut self, b: u8, c: Option<Child<V>>) -> usize {
         let i = self.n as usize;
@@ -227,7 +262,7 @@ pub(crate) enum Child<V> {
 }
 
 impl<V> Clone for Child<V> {
-    #[inline]
+    #[inline(always)]
     fn clone(&self) -> Self {
         match self {
             Child::Leaf(a) => Child::Leaf(a.clone()),
@@ -252,6 +287,20 @@ pub(crate) enum NodeMut<'a, V> {
 
 fn none_array<T, const N: usize>() -> [Option<T>; N] {
     std::array::from_fn(|_| None)
+}
+
+/// Clones the first `used` slots of a child array (the rest stay empty).
+/// A plain loop: the array's own `clone` went through a per-element call.
+#[inline(always)]
+fn clone_slots<V, const N: usize>(
+    src: &[Option<Child<V>>; N],
+    used: usize,
+) -> [Option<Child<V>>; N] {
+    let mut out = none_array();
+    for (o, s) in out[..used].iter_mut().zip(&src[..used]) {
+        *o = s.clone();
+    }
+    out
 }
 
 macro_rules! each {
@@ -510,7 +559,10 @@ impl<V> Child<V> {
         }
     }
 
-    /// A shallow copy: children are shared, the watch slot is fresh.
+    /// A shallow copy: children are shared, the watch slot is fresh. Out of
+    /// line: inlined into `make_mut`, the child-array clones compiled to a
+    /// generic per-element loop (+24% on a one-key transaction).
+    #[inline(never)]
     pub(crate) fn copy(&self) -> Child<V>
     where
         V: Clone,
@@ -525,38 +577,29 @@ impl<V> Child<V> {
                 terminal: n.terminal.clone(),
                 len: n.len,
                 keys: n.keys,
-                children: n.children.clone(),
+                children: clone_slots(&n.children, n.len as usize),
             })),
             Child::N16(n) => Child::N16(Arc::new(N16 {
                 h: n.h.copy(),
                 terminal: n.terminal.clone(),
                 len: n.len,
                 keys: n.keys,
-                children: n.children.clone(),
+                children: clone_slots(&n.children, n.len as usize),
             })),
             Child::N48(n) => Child::N48(Arc::new(N48 {
                 h: n.h.copy(),
                 terminal: n.terminal.clone(),
                 len: n.len,
                 index: n.index,
-                children: n.children.clone(),
+                children: clone_slots(&n.children, N48_MAX),
             })),
             Child::N256(n) => Child::N256(Arc::new(N256 {
                 h: n.h.copy(),
                 terminal: n.terminal.clone(),
                 len: n.len,
-                children: n.children.clone(),
+                children: clone_slots(&n.children, 256),
             })),
-            Child::D256(n) => Child::D256(Arc::new(D256 {
-                h: n.h.copy(),
-                terminal: n.terminal.clone(),
-                len: n.len,
-                n: n.n,
-                patched: n.patched,
-                keys: n.keys,
-                patches: n.patches.clone(),
-                base: n.base.clone(),
-            })),
+            Child::D256(n) => n.copy(),
         }
     }
 
@@ -568,22 +611,14 @@ impl<V> Child<V> {
         V: Clone,
     {
         match self {
-            Child::N256(n) => Child::D256(Arc::new(D256 {
-                h: n.h.copy(),
-                terminal: n.terminal.clone(),
-                len: n.len,
-                n: 0,
-                patched: [0; 4],
-                keys: [0; D256_MAX],
-                patches: none_array(),
-                base: n.clone(),
-            })),
+            Child::N256(n) => D256::over(n),
             _ => self.copy(),
         }
     }
 
     /// Turns a private delta into a private flat node256 (no-op for other
     /// kinds).
+    #[inline(never)]
     pub(crate) fn flatten(&mut self) {
         let Some(NodeMut::D256(d)) = self.get_mut() else {
             return;
@@ -591,7 +626,7 @@ impl<V> Child<V> {
         let mut children: [Option<Child<V>>; 256] = match Arc::get_mut(&mut d.base) {
             // Nothing else shares the base: take its children outright.
             Some(base) => std::array::from_fn(|b| base.children[b].take()),
-            None => d.base.children.clone(),
+            None => clone_slots(&d.base.children, 256),
         };
         for i in 0..d.n as usize {
             children[d.keys[i] as usize] = d.patches[i].take();
