@@ -545,8 +545,13 @@ mod tests {
     /// least 90% of the bound with the busiest worker within 1.5x the mean.
     #[test]
     fn kv_balanced_meets_the_routing_target_by_default() {
-        let args = crate::config::ReplayArgs::default();
-        let (w, _) = crate::load_workload(&args).unwrap();
+        assert_routing_target(&crate::config::ReplayArgs::default());
+    }
+
+    /// `kv-balanced` reaches 90% of the bound with the busiest worker within
+    /// 1.5x the mean load on the workload `args` describe.
+    fn assert_routing_target(args: &crate::config::ReplayArgs) {
+        let (w, _) = crate::load_workload(args).unwrap();
         let ix = ConcurrentIndex::new();
         let kv = run(&w, &args.sim(), PolicyKind::KvBalanced, Some(&ix)).outcome;
         let bound = w.infinite_cache_hit_rate();
@@ -565,16 +570,10 @@ mod tests {
             eprintln!("skipping: {} absent", path.display());
             return;
         }
-        let args = crate::config::ReplayArgs {
+        assert_routing_target(&crate::config::ReplayArgs {
             trace: Some(path.to_path_buf()),
             ..Default::default()
-        };
-        let (w, _) = crate::load_workload(&args).unwrap();
-        let ix = ConcurrentIndex::new();
-        let kv = run(&w, &args.sim(), PolicyKind::KvBalanced, Some(&ix)).outcome;
-        let bound = w.infinite_cache_hit_rate();
-        assert!(kv.hit_rate >= 0.9 * bound, "{} vs {bound}", kv.hit_rate);
-        assert!(kv.load_imbalance <= 1.5, "{}", kv.load_imbalance);
+        });
     }
 
     #[test]
