@@ -15,8 +15,8 @@
 //! * [`workload`]: a deterministic synthetic router workload shared by the
 //!   benchmarks, the memory test and the Dynamo peer comparison.
 //!
-//! See `docs/design.md` for the node layout and the concurrency protocol and
-//! `docs/benchmarks.md` for measurements.
+//! See `docs/design.md` for the node layout and the concurrency protocol, and
+//! the repository's `BENCHMARKS.md` for measurements.
 //!
 //! ```
 //! use kvindex::{ConcurrentIndex, KvEvent, KvEventData, KvIndexer, StoredBlock, WorkerKey,
