@@ -63,6 +63,18 @@ pub(crate) fn check_root<V>(root: &Child<V>, len: usize) -> Result<(), String> {
                 (N48_MIN, filled)
             }
             Child::N256(x) => (N256_MIN, x.children.iter().filter(|c| c.is_some()).count()),
+            Child::D256(x) => {
+                let bits: u32 = x.patched.iter().map(|w| w.count_ones()).sum();
+                let keys = &x.keys[..x.n as usize];
+                let distinct = keys.iter().collect::<std::collections::BTreeSet<_>>().len();
+                if bits as usize != keys.len() || distinct != keys.len() {
+                    return Err(format!("delta256 patch bitmap/keys mismatch at {path:?}"));
+                }
+                (
+                    N256_MIN,
+                    (0..=255u8).filter(|&b| n.find_child(b).is_some()).count(),
+                )
+            }
         };
         if counted != children {
             return Err(format!("child count {children} != {counted} at {path:?}"));
@@ -114,7 +126,7 @@ pub fn kinds<V>(tree: &Tree<V>) -> [usize; 5] {
             Child::N4(_) => 1,
             Child::N16(_) => 2,
             Child::N48(_) => 3,
-            Child::N256(_) => 4,
+            Child::N256(_) | Child::D256(_) => 4,
         };
         out[i] += 1;
         if let Some(t) = n.terminal() {

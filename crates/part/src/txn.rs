@@ -92,7 +92,7 @@ impl<V: Clone> Recorder<V> {
     #[inline]
     fn make_mut<'a>(&mut self, slot: &'a mut Child<V>, is_root: bool) -> NodeMut<'a, V> {
         if !slot.is_unique() {
-            let copy = slot.copy();
+            let copy = slot.copy_for_write();
             let old = std::mem::replace(slot, copy);
             if self.all || is_root {
                 self.nodes.push(old);
@@ -127,6 +127,7 @@ fn reborrow<'b, V>(n: &'b mut NodeMut<'_, V>) -> NodeMut<'b, V> {
         NodeMut::N16(x) => NodeMut::N16(x),
         NodeMut::N48(x) => NodeMut::N48(x),
         NodeMut::N256(x) => NodeMut::N256(x),
+        NodeMut::D256(x) => NodeMut::D256(x),
     }
 }
 
@@ -349,7 +350,7 @@ impl<V: Clone> Txn<V> {
 
 /// The slot of the child under `b` of the (private) node in `slot`.
 fn child_slot<V>(slot: &mut Child<V>, b: u8) -> &mut Child<V> {
-    match slot.get_mut().and_then(|n| n.child_mut(b)) {
+    match slot.child_mut(b) {
         Some(c) => c,
         None => unreachable!("descending into a private node's existing child"),
     }

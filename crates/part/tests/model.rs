@@ -271,11 +271,11 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
-    /// Many small transactions on a shared node256 (each one copies it,
-    /// deletes drive it down to a node48 and below, inserts back up), with
-    /// every committed tree and every snapshot read back against the model.
-    /// Written for the delta node256 experiment (see design.md), kept as a
-    /// test of small writes to wide nodes.
+    /// Small transactions on a node256: each one writes through a delta
+    /// (patches over the shared node), which fills up and is flattened,
+    /// carries tombstones for deleted children and shrinks to a node48
+    /// when enough are gone. Every committed tree and every snapshot reads
+    /// exactly like the model.
     #[test]
     fn small_txns_on_wide_nodes(
         base in 49u16..120,

@@ -84,8 +84,8 @@ pub(crate) struct DbInner {
     gc_thread: Mutex<Option<Thread>>,
     closing: AtomicBool,
     /// Superseded root vectors nobody else holds, freed by the background
-    /// thread (freeing a superseded path is ~half the cost of a small
-    /// commit: every copied node256 drops 256 child references).
+    /// thread (freeing a superseded path is a large share of a small
+    /// commit: every copied node drops its child references).
     retired: Mutex<Vec<Arc<Roots>>>,
     /// A background thread runs (else everything is freed inline).
     background: AtomicBool,

@@ -63,10 +63,11 @@ pub fn escape_nonunique(key: &[u8], out: &mut Vec<u8>) {
 
 /// How a table stores its index keys in its trees.
 ///
-/// Copying a tree node on write bumps the reference count of each child; a
-/// dense node256 (sequential integer keys) costs 256 of them per copy and as
-/// many when it is freed. `Nibbles` stores each byte as two nibbles, so no
-/// node has more than 16 children: small write transactions get much cheaper,
+/// Copying a tree node on write bumps the reference count of each child
+/// (and as many decrements when it is freed); `part` writes a shared
+/// node256 as a delta, so the dense case costs one per write plus a flatten
+/// every 16 patches. `Nibbles` stores each byte as two nibbles, so no node
+/// has more than 16 children: small write transactions get cheaper still,
 /// lookups and scans slower (deeper trees). Order and prefixes are preserved
 /// either way; every query behaves the same.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
