@@ -815,55 +815,49 @@ impl<V> Child<V> {
                 Child::N16(Arc::new(m))
             }
             Some(NodeMut::D256(x)) if n < N256_MIN => {
-                let mut m = N48 {
-                    h: Header {
-                        bytes: std::mem::take(&mut x.h.bytes),
-                        watch: LazyWatch::new(),
-                    },
-                    terminal: x.terminal.take(),
-                    len: 0,
-                    index: [0; 256],
-                    children: none_array(),
-                };
-                for b in 0..=255u8 {
-                    let c = match x.patch_index(b) {
-                        Some(i) => x.patches[i].take(),
-                        None => x.base.children[b as usize].clone(),
-                    };
-                    if let Some(c) = c {
-                        let i = m.len as usize;
-                        m.children[i] = Some(c);
-                        m.index[b as usize] = i as u8 + 1;
-                        m.len += 1;
-                    }
-                }
-                Child::N48(Arc::new(m))
+                let kids: Vec<(u8, Child<V>)> = (0..=255u8)
+                    .filter_map(|b| {
+                        let c = match x.patch_index(b) {
+                            Some(i) => x.patches[i].take(),
+                            None => x.base.children[b as usize].clone(),
+                        };
+                        c.map(|c| (b, c))
+                    })
+                    .collect();
+                n48_from(&mut x.h, x.terminal.take(), kids)
             }
             Some(NodeMut::N256(x)) if n < N256_MIN => {
-                let mut m = N48 {
-                    h: Header {
-                        bytes: std::mem::take(&mut x.h.bytes),
-                        watch: LazyWatch::new(),
-                    },
-                    terminal: x.terminal.take(),
-                    len: 0,
-                    index: [0; 256],
-                    children: none_array(),
-                };
-                for b in 0..256 {
-                    if let Some(c) = x.children[b].take() {
-                        let i = m.len as usize;
-                        m.children[i] = Some(c);
-                        m.index[b] = i as u8 + 1;
-                        m.len += 1;
-                    }
-                }
-                Child::N48(Arc::new(m))
+                let kids: Vec<(u8, Child<V>)> = (0..=255u8)
+                    .filter_map(|b| x.children[b as usize].take().map(|c| (b, c)))
+                    .collect();
+                n48_from(&mut x.h, x.terminal.take(), kids)
             }
             _ => return,
         };
         *self = new;
     }
+}
+
+/// A node48 holding `kids` (fewer than 48, in byte order) under the
+/// segment taken from `h`: a node256 or delta shrinking.
+fn n48_from<V>(h: &mut Header, terminal: Option<Child<V>>, kids: Vec<(u8, Child<V>)>) -> Child<V> {
+    let mut m = N48 {
+        h: Header {
+            bytes: std::mem::take(&mut h.bytes),
+            watch: LazyWatch::new(),
+        },
+        terminal,
+        len: 0,
+        index: [0; 256],
+        children: none_array(),
+    };
+    for (b, c) in kids {
+        let i = m.len as usize;
+        m.children[i] = Some(c);
+        m.index[b as usize] = i as u8 + 1;
+        m.len += 1;
+    }
+    Child::N48(Arc::new(m))
 }
 
 impl<'a, V> NodeMut<'a, V> {
