@@ -15,7 +15,7 @@ fn text(b: &[u8]) -> String {
 }
 
 /// A few seconds of synthetic traffic on four workers.
-const TINY: &[&str] = &[
+const TINY_WORKLOAD: &[&str] = &[
     "kv",
     "replay",
     "--synth-duration-s",
@@ -24,6 +24,10 @@ const TINY: &[&str] = &[
     "2",
     "--workers",
     "4",
+];
+
+/// [`TINY_WORKLOAD`], routed and stress-replayed briefly.
+const TINY_RUN: &[&str] = &[
     "--kv-blocks",
     "2000",
     "--window-ms",
@@ -38,7 +42,7 @@ fn tiny_synthetic_run_prints_both_sections_and_writes_outputs() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("r.json");
     let svg = dir.path().join("r.svg");
-    let mut args = TINY.to_vec();
+    let mut args = [TINY_WORKLOAD, TINY_RUN].concat();
     let (j, s) = (json.to_str().unwrap(), svg.to_str().unwrap());
     args.extend(["--json", j, "--plot", s]);
     let out = arbor(&args);
@@ -88,31 +92,29 @@ fn tiny_synthetic_run_prints_both_sections_and_writes_outputs() {
 
 #[test]
 fn stress_only_sweep_reports_sustained_rates() {
-    let out = arbor(&[
-        "kv",
-        "replay",
-        "--synth-duration-s",
-        "20",
-        "--synth-session-rate",
-        "2",
-        "--workers",
-        "4",
-        "--stress",
-        "--sweep",
-        "--window-ms",
-        "32",
-        "--sweep-min-ms",
-        "8",
-        "--sweep-max-ms",
-        "128",
-        "--sweep-steps",
-        "1",
-        "--event-lanes",
-        "1",
-        "--impls",
-        "ours,null",
-        "--no-progress",
-    ]);
+    let out = arbor(
+        &[
+            TINY_WORKLOAD,
+            &[
+                "--stress",
+                "--sweep",
+                "--window-ms",
+                "32",
+                "--sweep-min-ms",
+                "8",
+                "--sweep-max-ms",
+                "128",
+                "--sweep-steps",
+                "1",
+                "--event-lanes",
+                "1",
+                "--impls",
+                "ours,null",
+                "--no-progress",
+            ],
+        ]
+        .concat(),
+    );
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     assert!(!stdout.contains("Routing comparison"), "{stdout}");

@@ -643,14 +643,20 @@ impl<V> Child<V> {
         *self = Child::N256(Arc::new(flat));
     }
 
-    /// Exclusive access to the child under `b` of this private node (a
-    /// delta gets a patch for it, flattening first when full).
-    pub(crate) fn child_mut(&mut self, b: u8) -> Option<&mut Child<V>> {
+    /// Flattens a private delta that has no room left to patch byte `b`
+    /// (no-op for other kinds, or when `b` is already patched).
+    fn room_for_patch(&mut self, b: u8) {
         if let Child::D256(d) = self {
             if d.is_full() && !d.is_patched(b) {
                 self.flatten();
             }
         }
+    }
+
+    /// Exclusive access to the child under `b` of this private node (a
+    /// delta gets a patch for it, flattening first when full).
+    pub(crate) fn child_mut(&mut self, b: u8) -> Option<&mut Child<V>> {
+        self.room_for_patch(b);
         self.get_mut()?.child_mut(b)
     }
 
@@ -667,11 +673,7 @@ impl<V> Child<V> {
     /// Adds a child under a byte that is not present yet, growing the kind
     /// when full. The node must be private to the caller.
     pub(crate) fn add_child(&mut self, b: u8, child: Child<V>) {
-        if let Child::D256(d) = self {
-            if d.is_full() && !d.is_patched(b) {
-                self.flatten();
-            }
-        }
+        self.room_for_patch(b);
         if self.num_children() == self.capacity() {
             self.grow();
         }
@@ -686,11 +688,7 @@ impl<V> Child<V> {
     where
         V: Clone,
     {
-        if let Child::D256(d) = self {
-            if d.is_full() && !d.is_patched(b) {
-                self.flatten();
-            }
-        }
+        self.room_for_patch(b);
         let removed = self.get_mut()?.remove_child(b)?;
         self.maybe_shrink();
         Some(removed)
