@@ -38,6 +38,7 @@ fn main() {
         t.insert(&key(i), i).unwrap();
     }
     let mut base = t.commit();
+    let mut single: Tree<u64> = Tree::with_options(ro);
     let mut sink = 0u64;
     for _ in 0..reps {
         match what.as_str() {
@@ -70,6 +71,14 @@ fn main() {
                     base = t.commit();
                 }
             }
+            "txn_1" => {
+                // The bench's txn_1: one 8-byte key written over and over.
+                for i in 0..1000u64 {
+                    let mut t = single.txn();
+                    t.insert(&0u64.to_be_bytes(), i).unwrap();
+                    single = t.commit();
+                }
+            }
             "delete" => {
                 let mut t = base.txn();
                 for i in 0..1000 {
@@ -89,7 +98,7 @@ fn main() {
             }
             other => {
                 eprintln!(
-                    "unknown workload {other}: insert | modify | txn1 | get | all | delete | delete_random"
+                    "unknown workload {other}: insert | modify | txn1 | txn_1 | get | all | delete | delete_random"
                 );
                 std::process::exit(2);
             }

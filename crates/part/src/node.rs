@@ -53,10 +53,17 @@ impl Header {
     }
 }
 
+/// The value comes first so that a leaf's key sits at another offset than
+/// an inner node's segment. A lookup then reads the two with different load
+/// instructions, and the CPU's per-instruction stride prefetcher can follow
+/// leaves read in key order. With the header first in both, the compiler
+/// merged the two reads into one load, whose addresses alternate between
+/// inner nodes and leaves: point reads in key order over 100k keys ran 2.3x
+/// slower (statedb `FullIteration_Get`).
 #[repr(C)]
 pub(crate) struct Leaf<V> {
-    pub(crate) h: Header,
     pub(crate) value: V,
+    pub(crate) h: Header,
 }
 
 #[repr(C)]

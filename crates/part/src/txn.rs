@@ -8,6 +8,8 @@
 
 use std::ops::RangeBounds;
 
+use smallvec::SmallVec;
+
 use crate::iter::{IntoIter, Iter, Scan, ScanRef};
 use crate::node::{Child, NodeMut};
 use crate::tree::{get, range_scan, Options, Tree};
@@ -25,8 +27,9 @@ pub struct Txn<V> {
 
 /// What a commit must close.
 struct Recorder<V> {
-    /// Superseded nodes that older snapshots may still reach.
-    nodes: Vec<Child<V>>,
+    /// Superseded nodes that older snapshots may still reach. Inline for
+    /// small transactions: a one-key commit allocates no list.
+    nodes: SmallVec<[Child<V>; 8]>,
     /// Live watches taken from nodes changed in place.
     watches: Vec<std::sync::Arc<WatchInner>>,
     /// Track every node (false: root only).
@@ -135,7 +138,7 @@ impl<V: Clone> Txn<V> {
     pub(crate) fn new(tree: Tree<V>) -> Self {
         Txn {
             rec: Recorder {
-                nodes: Vec::new(),
+                nodes: SmallVec::new(),
                 watches: Vec::new(),
                 all: !tree.opts.root_only_watch,
             },

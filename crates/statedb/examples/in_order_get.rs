@@ -1,0 +1,78 @@
+//! Point reads in key order over a 100k-object table (the suite's
+//! `FullIteration_Get`) in a fresh process, for profilers; with `LAYOUT=1`
+//! it also prints how far apart consecutive keys' leaves lie in memory.
+//!
+//! `cargo run --release -p statedb --example in_order_get -- 50`
+
+use statedb::{Db, DbOptions, Index};
+
+// The suite's allocator: placement differs between allocators.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Go statedb's `testObject`, as in the benchmark suite.
+#[derive(Clone, Debug)]
+struct TestObject {
+    id: u64,
+    #[allow(dead_code)]
+    tags: &'static [&'static str],
+}
+
+const BIG: u64 = 100_000;
+
+fn main() {
+    let passes: u64 = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(50);
+    let db = Db::with_options(DbOptions::default());
+    let by_id = Index::unique("id", |o: &TestObject| o.id);
+    let table = db
+        .create_table_with("t", &by_id, &[], Default::default())
+        .expect("valid table");
+    let mut id = 0;
+    while id < BIG {
+        let mut w = db.write_txn(&[&table]).expect("table is in the db");
+        for _ in 0..1000 {
+            table
+                .insert(&mut w, TestObject { id, tags: &[] })
+                .expect("locked table");
+            id += 1;
+        }
+        w.commit().expect("commit");
+    }
+    let r = db.read_txn();
+    if std::env::var_os("LAYOUT").is_some() {
+        // Distance between consecutive keys' values (inside their leaves):
+        // the most common distances, far jumps folded into +-99999.
+        let mut hist = std::collections::BTreeMap::<i64, u64>::new();
+        let mut prev = 0i64;
+        for id in 0..BIG {
+            let Ok(Some(o)) = table.get(&r, &by_id, &id) else {
+                unreachable!("id {id} was inserted")
+            };
+            let a = o as *const _ as i64;
+            let d = a - prev;
+            let k = if d.abs() < 1024 {
+                d
+            } else {
+                99999 * d.signum()
+            };
+            *hist.entry(k).or_default() += 1;
+            prev = a;
+        }
+        let mut v: Vec<_> = hist.into_iter().collect();
+        v.sort_by_key(|x| std::cmp::Reverse(x.1));
+        println!("distance: count {:?}", &v[..v.len().min(8)]);
+    }
+    let t0 = std::time::Instant::now();
+    let mut found = 0;
+    for _ in 0..passes {
+        for id in 0..BIG {
+            found +=
+                std::hint::black_box(table.get(&r, &by_id, &id)).is_ok_and(|o| o.is_some()) as u64;
+        }
+    }
+    let ns = t0.elapsed().as_nanos() as f64 / (passes * BIG) as f64;
+    println!("{ns:.1} ns per get ({found} found)");
+}
