@@ -1,8 +1,9 @@
 //! Point reads in key order over a 100k-object table (the suite's
-//! `FullIteration_Get`) in a fresh process, for profilers; with `LAYOUT=1`
-//! it also prints how far apart consecutive keys' leaves lie in memory.
+//! `FullIteration_Get`), or with `all` a full scan (`FullIteration_All`), in
+//! a fresh process, for profilers; with `LAYOUT=1` it also prints how far
+//! apart consecutive keys' leaves lie in memory.
 //!
-//! `cargo run --release -p statedb --example in_order_get -- 50`
+//! `cargo run --release -p statedb --example in_order_get -- [get|all] [PASSES]`
 
 use statedb::{Db, DbOptions, Index};
 
@@ -21,10 +22,9 @@ struct TestObject {
 const BIG: u64 = 100_000;
 
 fn main() {
-    let passes: u64 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(50);
+    let mut args = std::env::args().skip(1);
+    let mode = args.next().unwrap_or_else(|| "get".into());
+    let passes: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(50);
     let db = Db::with_options(DbOptions::default());
     let by_id = Index::unique("id", |o: &TestObject| o.id);
     let table = db
@@ -68,11 +68,17 @@ fn main() {
     let t0 = std::time::Instant::now();
     let mut found = 0;
     for _ in 0..passes {
-        for id in 0..BIG {
-            found +=
-                std::hint::black_box(table.get(&r, &by_id, &id)).is_ok_and(|o| o.is_some()) as u64;
+        if mode == "all" {
+            for o in table.all(&r).expect("table is in the db") {
+                found += std::hint::black_box(o).id & 1;
+            }
+        } else {
+            for id in 0..BIG {
+                found += std::hint::black_box(table.get(&r, &by_id, &id)).is_ok_and(|o| o.is_some())
+                    as u64;
+            }
         }
     }
     let ns = t0.elapsed().as_nanos() as f64 / (passes * BIG) as f64;
-    println!("{ns:.1} ns per get ({found} found)");
+    println!("{mode}: {ns:.1} ns per object ({found})");
 }
