@@ -21,8 +21,6 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use smallvec::SmallVec;
-
 use crate::Error;
 
 /// A value that can be an index key.
@@ -89,10 +87,6 @@ impl KeyLayout {
     }
 }
 
-/// Revision-index and graveyard keys are always nibble-expanded: revisions
-/// are dense and every write touches them.
-pub(crate) const REV_NIBBLES: bool = true;
-
 /// Appends the stored form of an encoded key. Order- and prefix-preserving.
 #[inline]
 pub(crate) fn expand(layout: KeyLayout, raw: &[u8], out: &mut Vec<u8>) {
@@ -123,30 +117,18 @@ pub(crate) fn expand_escaped(layout: KeyLayout, raw: &[u8], terminate: bool, out
     }
 }
 
-/// The stored key of a revision in the revision index and graveyard.
+/// The stored key of a revision in the revision index and graveyard: its
+/// big-endian bytes. (Nibble-expanded before part's delta node256; plain
+/// bytes measured 14-30% faster on every write benchmark since, see
+/// docs/design.md.)
 #[inline]
-pub(crate) fn rev_key(r: u64) -> SmallVec<[u8; 16]> {
-    let b = r.to_be_bytes();
-    if REV_NIBBLES {
-        b.iter().flat_map(|&x| [x >> 4, x & 0xf]).collect()
-    } else {
-        SmallVec::from_slice(&b)
-    }
+pub(crate) fn rev_key(r: u64) -> [u8; 8] {
+    r.to_be_bytes()
 }
 
 /// The revision of a revision-index or graveyard key.
 pub(crate) fn decode_rev(k: &[u8]) -> u64 {
-    let mut r = 0u64;
-    if REV_NIBBLES {
-        for &n in k.iter().take(16) {
-            r = (r << 4) | (n & 0xf) as u64;
-        }
-    } else {
-        for &b in k.iter().take(8) {
-            r = (r << 8) | b as u64;
-        }
-    }
-    r
+    k.iter().take(8).fold(0, |r, &b| (r << 8) | b as u64)
 }
 
 macro_rules! unsigned {

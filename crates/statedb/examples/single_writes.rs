@@ -1,0 +1,57 @@
+//! Single-row write transactions at random ids on a 100k-object table (the
+//! write side of the KV95 bench) in a fresh process, for profilers.
+//!
+//! `cargo run --release -p statedb --example single_writes -- [TXNS]`
+
+use statedb::{Db, DbOptions, Index};
+
+// The suite's allocator.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Go statedb's `testObject`, as in the benchmark suite.
+#[derive(Clone, Debug)]
+struct TestObject {
+    id: u64,
+    #[allow(dead_code)]
+    tags: &'static [&'static str],
+}
+
+const OBJECTS: u64 = 100_000;
+
+fn main() {
+    let txns: u64 = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200_000);
+    let db = Db::with_options(DbOptions::default());
+    let by_id = Index::unique("id", |o: &TestObject| o.id);
+    let table = db
+        .create_table_with("t", &by_id, &[], Default::default())
+        .expect("valid table");
+    let obj = |id| TestObject { id, tags: &[] };
+    let mut id = 0;
+    while id < OBJECTS {
+        let mut w = db.write_txn(&[&table]).expect("table is in the db");
+        for _ in 0..1000 {
+            table.insert(&mut w, obj(id)).expect("locked table");
+            id += 1;
+        }
+        w.commit().expect("commit");
+    }
+    // A fixed pseudo-random order (xorshift), the same in every run.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let t0 = std::time::Instant::now();
+    for _ in 0..txns {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let mut w = db.write_txn(&[&table]).expect("table is in the db");
+        table
+            .insert(&mut w, obj(x % OBJECTS))
+            .expect("locked table");
+        w.commit().expect("commit");
+    }
+    let ns = t0.elapsed().as_nanos() as f64 / txns as f64;
+    println!("{ns:.0} ns per single-row write txn");
+}
