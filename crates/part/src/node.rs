@@ -630,24 +630,45 @@ impl<V> Child<V> {
         let Some(NodeMut::D256(d)) = self.get_mut() else {
             return;
         };
-        let mut children: [Option<Child<V>>; 256] = match Arc::get_mut(&mut d.base) {
-            // Nothing else shares the base: take its children outright.
-            Some(base) => std::array::from_fn(|b| base.children[b].take()),
-            None => clone_slots(&d.base.children, 256),
+        let h = Header {
+            bytes: std::mem::take(&mut d.h.bytes),
+            watch: LazyWatch::new(),
         };
-        for i in 0..d.n as usize {
-            children[d.keys[i] as usize] = d.patches[i].take();
-        }
-        let flat = N256 {
-            h: Header {
-                bytes: std::mem::take(&mut d.h.bytes),
-                watch: LazyWatch::new(),
-            },
-            terminal: d.terminal.take(),
-            len: d.len,
-            children,
+        let (terminal, len) = (d.terminal.take(), d.len);
+        let flat = match Arc::get_mut(&mut d.base) {
+            // Nothing else shares the base: it becomes the flat node, in place.
+            Some(base) => {
+                base.h = h;
+                base.terminal = terminal;
+                base.len = len;
+                for i in 0..d.n as usize {
+                    base.children[d.keys[i] as usize] = d.patches[i].take();
+                }
+                d.base.clone()
+            }
+            // Filled in its own allocation: built on the stack and moved,
+            // the 4 KiB array was copied twice.
+            None => {
+                let mut flat = Arc::new(N256 {
+                    h,
+                    terminal,
+                    len,
+                    children: none_array(),
+                });
+                if let Some(f) = Arc::get_mut(&mut flat) {
+                    for (o, s) in f.children.iter_mut().zip(&d.base.children) {
+                        if s.is_some() {
+                            *o = s.clone();
+                        }
+                    }
+                    for i in 0..d.n as usize {
+                        f.children[d.keys[i] as usize] = d.patches[i].take();
+                    }
+                }
+                flat
+            }
         };
-        *self = Child::N256(Arc::new(flat));
+        *self = Child::N256(flat);
     }
 
     /// Flattens a private delta that has no room left to patch byte `b`
