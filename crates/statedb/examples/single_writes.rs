@@ -1,7 +1,9 @@
 //! Single-row write transactions at random ids on a 100k-object table (the
-//! write side of the KV95 bench) in a fresh process, for profilers.
+//! write side of the KV95 bench), or with `seq` at ids `0, 1, 2, ...` modulo
+//! the table size (the suite's `WriteTxn_1` on 1000 objects), in a fresh
+//! process, for profilers.
 //!
-//! `cargo run --release -p statedb --example single_writes -- [TXNS]`
+//! `cargo run --release -p statedb --example single_writes -- [TXNS] [OBJECTS] [seq]`
 
 use statedb::{Db, DbOptions, Index};
 
@@ -17,23 +19,26 @@ struct TestObject {
     tags: &'static [&'static str],
 }
 
-const OBJECTS: u64 = 100_000;
-
 fn main() {
-    let txns: u64 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(200_000);
-    let db = Db::with_options(DbOptions::default());
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let txns: u64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(200_000);
+    let objects: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    let seq = args.get(2).is_some_and(|s| s == "seq");
+    // INLINE_FREE=1: no background thread; each commit frees what it superseded.
+    let db = Db::with_options(if std::env::var_os("INLINE_FREE").is_some() {
+        DbOptions { gc_interval: None }
+    } else {
+        DbOptions::default()
+    });
     let by_id = Index::unique("id", |o: &TestObject| o.id);
     let table = db
         .create_table_with("t", &by_id, &[], Default::default())
         .expect("valid table");
     let obj = |id| TestObject { id, tags: &[] };
     let mut id = 0;
-    while id < OBJECTS {
+    while id < objects {
         let mut w = db.write_txn(&[&table]).expect("table is in the db");
-        for _ in 0..1000 {
+        for _ in 0..1000.min(objects - id) {
             table.insert(&mut w, obj(id)).expect("locked table");
             id += 1;
         }
@@ -42,14 +47,13 @@ fn main() {
     // A fixed pseudo-random order (xorshift), the same in every run.
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let t0 = std::time::Instant::now();
-    for _ in 0..txns {
+    for i in 0..txns {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
+        let id = if seq { i % objects } else { x % objects };
         let mut w = db.write_txn(&[&table]).expect("table is in the db");
-        table
-            .insert(&mut w, obj(x % OBJECTS))
-            .expect("locked table");
+        table.insert(&mut w, obj(id)).expect("locked table");
         w.commit().expect("commit");
     }
     let ns = t0.elapsed().as_nanos() as f64 / txns as f64;
