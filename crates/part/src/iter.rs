@@ -366,6 +366,28 @@ impl<P: Ptr> Raw<P> {
         None
     }
 
+    /// Whether `key` lies beyond where the scan stops.
+    #[inline]
+    fn past_end(&self, key: &[u8]) -> bool {
+        match &self.stop {
+            Stop::Never => false,
+            Stop::Prefix(pre) => !key.starts_with(pre),
+            Stop::Bound(b) => match (b, self.rev) {
+                (Bound::Unbounded, _) => false,
+                (Bound::Included(h), false) => key > h.as_slice(),
+                (Bound::Excluded(h), false) => key >= h.as_slice(),
+                (Bound::Included(l), true) => key < l.as_slice(),
+                (Bound::Excluded(l), true) => key <= l.as_slice(),
+            },
+        }
+    }
+
+    /// Ends the scan.
+    fn finish(&mut self) {
+        self.stack.clear();
+        self.pending = None;
+    }
+
     /// The next leaf in scan order, or `None` once the scan is over.
     #[inline]
     pub(crate) fn next_leaf(&mut self) -> Option<P> {
@@ -390,20 +412,8 @@ impl<P: Ptr> Raw<P> {
                     continue;
                 }
             }
-            let done = match &self.stop {
-                Stop::Never => false,
-                Stop::Prefix(pre) => !key.starts_with(pre),
-                Stop::Bound(b) => match (b, self.rev) {
-                    (Bound::Unbounded, _) => false,
-                    (Bound::Included(h), false) => key > h.as_slice(),
-                    (Bound::Excluded(h), false) => key >= h.as_slice(),
-                    (Bound::Included(l), true) => key < l.as_slice(),
-                    (Bound::Excluded(l), true) => key <= l.as_slice(),
-                },
-            };
-            if done {
-                self.stack.clear();
-                self.pending = None;
+            if self.past_end(key) {
+                self.finish();
                 return None;
             }
             return Some(p);
@@ -424,15 +434,68 @@ fn prefix_successor(p: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
+impl<'a, V> Raw<&'a Child<V>> {
+    /// Whether leaves may be handed out in runs: forward scans (each run
+    /// leaf is still checked against the scan's end).
+    fn runs_allowed(&self) -> bool {
+        !self.rev
+    }
+
+    /// After a forward step yielded a leaf: the top node's remaining child
+    /// slots when it keeps them in one array in key order (node4, node16,
+    /// node256), which the engine then counts as visited, and the array's
+    /// length.
+    fn take_run(&mut self) -> (&'a [Option<Child<V>>], usize) {
+        let Some(top) = self.stack.last_mut() else {
+            return (&[], 0);
+        };
+        let node: &'a Child<V> = top.node;
+        let slots: &'a [Option<Child<V>>] = match node {
+            Child::N4(n) => &n.children[..n.len as usize],
+            Child::N16(n) => &n.children[..n.len as usize],
+            Child::N256(n) => &n.children,
+            _ => return (&[], 0),
+        };
+        let rest = slots.get(top.pos..).unwrap_or(&[]);
+        top.pos = slots.len();
+        (rest, slots.len())
+    }
+
+    /// A run met an inner child at slot `pos - 1` of the top node: the
+    /// engine goes down into it and later resumes at slot `pos`.
+    fn descend_from_run(&mut self, pos: usize, inner: &'a Child<V>) {
+        if let Some(top) = self.stack.last_mut() {
+            top.pos = pos;
+        }
+        self.stack.push(Frame {
+            node: inner,
+            pos: 0,
+            flag: true,
+        });
+    }
+}
+
 /// A borrowing iterator: yields `(key, &value)` with no reference counting.
+///
+/// Forward scans take the leaves of a node's child array as a run (a slice
+/// walk) instead of one engine step each: the engine's step re-dispatches on
+/// the node kind and rescans from its position.
 pub struct Iter<'a, V> {
     raw: Raw<&'a Child<V>>,
+    run: std::slice::Iter<'a, Option<Child<V>>>,
+    /// Length of the array `run` comes from.
+    run_end: usize,
+    runs: bool,
 }
 
 impl<'a, V> Iter<'a, V> {
     pub(crate) fn new(root: &'a Child<V>, scan: ScanRef<'_>, rev: bool) -> Self {
+        let raw = Raw::new(root, scan, rev);
         Iter {
-            raw: Raw::new(root, scan, rev),
+            runs: raw.runs_allowed(),
+            raw,
+            run: [].iter(),
+            run_end: 0,
         }
     }
 }
@@ -441,10 +504,37 @@ impl<'a, V> Iterator for Iter<'a, V> {
     type Item = (&'a [u8], &'a V);
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
-        match self.raw.next_leaf()? {
-            Child::Leaf(l) => Some((&l.h.bytes, &l.value)),
-            _ => None,
+        if self.runs {
+            for slot in self.run.by_ref() {
+                match slot {
+                    Some(Child::Leaf(l)) => {
+                        if self.raw.past_end(&l.h.bytes) {
+                            self.run = [].iter();
+                            self.raw.finish();
+                            return None;
+                        }
+                        return Some((&l.h.bytes, &l.value));
+                    }
+                    Some(inner) => {
+                        let pos = self.run_end - self.run.len();
+                        self.run = [].iter();
+                        self.raw.descend_from_run(pos, inner);
+                        break;
+                    }
+                    None => {}
+                }
+            }
         }
+        let Child::Leaf(l) = self.raw.next_leaf()? else {
+            return None;
+        };
+        // The first leaf may still be a skipped key; runs start after it.
+        if self.runs && self.raw.skip.is_none() {
+            let (rest, end) = self.raw.take_run();
+            self.run = rest.iter();
+            self.run_end = end;
+        }
+        Some((&l.h.bytes, &l.value))
     }
 }
 
