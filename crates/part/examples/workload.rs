@@ -39,6 +39,11 @@ fn main() {
     }
     let mut base = t.commit();
     let mut single: Tree<u64> = Tree::with_options(ro);
+    let mut t64 = Tree::with_options(ro).txn();
+    for k in 0..1000u64 {
+        t64.insert(&k.to_be_bytes(), k).unwrap();
+    }
+    let t64 = t64.commit();
     let mut sink = 0u64;
     for _ in 0..reps {
         match what.as_str() {
@@ -59,6 +64,12 @@ fn main() {
             "get" => {
                 for i in 0..1000 {
                     sink += *base.get(&key(i)).unwrap() as u64;
+                }
+            }
+            "get64" => {
+                // The bench's Get: 8-byte keys 0..1000.
+                for k in 0..1000u64 {
+                    sink += *t64.get(&k.to_be_bytes()).unwrap();
                 }
             }
             "all" => {
@@ -98,7 +109,7 @@ fn main() {
             }
             other => {
                 eprintln!(
-                    "unknown workload {other}: insert | modify | txn1 | txn_1 | get | all | delete | delete_random"
+                    "unknown workload {other}: insert | modify | txn1 | txn_1 | get | get64 | all | delete | delete_random"
                 );
                 std::process::exit(2);
             }

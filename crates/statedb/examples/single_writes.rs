@@ -3,7 +3,8 @@
 //! the table size (the suite's `WriteTxn_1` on 1000 objects), in a fresh
 //! process, for profilers.
 //!
-//! `cargo run --release -p statedb --example single_writes -- [TXNS] [OBJECTS] [seq]`
+//! `cargo run --release -p statedb --example single_writes -- [TXNS] [OBJECTS] [seq] [ROWS]`
+//! (`ROWS` per transaction, default 1)
 
 use statedb::{Db, DbOptions, Index};
 
@@ -24,6 +25,7 @@ fn main() {
     let txns: u64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(200_000);
     let objects: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(100_000);
     let seq = args.get(2).is_some_and(|s| s == "seq");
+    let batch: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
     // INLINE_FREE=1: no background thread; each commit frees what it superseded.
     let db = Db::with_options(if std::env::var_os("INLINE_FREE").is_some() {
         DbOptions { gc_interval: None }
@@ -51,11 +53,13 @@ fn main() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let id = if seq { i % objects } else { x % objects };
         let mut w = db.write_txn(&[&table]).expect("table is in the db");
-        table.insert(&mut w, obj(id)).expect("locked table");
+        for j in 0..batch {
+            let id = if seq { (i * batch + j) % objects } else { (x + j) % objects };
+            table.insert(&mut w, obj(id)).expect("locked table");
+        }
         w.commit().expect("commit");
     }
     let ns = t0.elapsed().as_nanos() as f64 / txns as f64;
-    println!("{ns:.0} ns per single-row write txn");
+    println!("{ns:.0} ns per write txn of {batch} rows");
 }
