@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Turns the output of `cargo bench -p part --bench part` (one run under the
-system allocator, one under mimalloc) into BENCHMARKS.md's part table.
+system allocator, one of `--bench part_mimalloc`) into BENCHMARKS.md's part table.
 
 usage: part_table.py SYSTEM_LOG MIMALLOC_LOG
 """

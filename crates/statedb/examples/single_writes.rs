@@ -55,7 +55,11 @@ fn main() {
         x ^= x << 17;
         let mut w = db.write_txn(&[&table]).expect("table is in the db");
         for j in 0..batch {
-            let id = if seq { (i * batch + j) % objects } else { (x + j) % objects };
+            let id = if seq {
+                (i * batch + j) % objects
+            } else {
+                (x + j) % objects
+            };
             table.insert(&mut w, obj(id)).expect("locked table");
         }
         w.commit().expect("commit");
