@@ -486,6 +486,8 @@ pub struct Iter<'a, V> {
     /// Length of the array `run` comes from.
     run_end: usize,
     runs: bool,
+    /// The scan has an end to check run leaves against.
+    bounded: bool,
 }
 
 impl<'a, V> Iter<'a, V> {
@@ -493,6 +495,7 @@ impl<'a, V> Iter<'a, V> {
         let raw = Raw::new(root, scan, rev);
         Iter {
             runs: raw.runs_allowed(),
+            bounded: !matches!(raw.stop, Stop::Never),
             raw,
             run: [].iter(),
             run_end: 0,
@@ -505,15 +508,17 @@ impl<'a, V> Iterator for Iter<'a, V> {
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         if self.runs {
+            let bounded = self.bounded;
             for slot in self.run.by_ref() {
                 match slot {
                     Some(Child::Leaf(l)) => {
-                        if self.raw.past_end(&l.h.bytes) {
+                        let key: &'a [u8] = &l.h.bytes;
+                        if bounded && self.raw.past_end(key) {
                             self.run = [].iter();
                             self.raw.finish();
                             return None;
                         }
-                        return Some((&l.h.bytes, &l.value));
+                        return Some((key, &l.value));
                     }
                     Some(inner) => {
                         let pos = self.run_end - self.run.len();
