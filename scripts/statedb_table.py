@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Turns the output of `cargo bench -p statedb --bench statedb` (mimalloc) and
+`--bench statedb_sysalloc` into BENCHMARKS.md's statedb table: median
+throughput of each benchmark beside Go statedb's published figure.
+
+usage: statedb_table.py MIMALLOC_LOG SYSALLOC_LOG
+"""
+import re
+import sys
+
+# Go statedb's published figures (Intel i5-10210U), objects/s. Changes_Baseline
+# and Changes compare with its DeleteTracker_Baseline / DeleteTracker.
+GO = {
+    "WriteTxn_1": 323e3, "WriteTxn_10": 749e3, "WriteTxn_100": 930e3,
+    "WriteTxn_1000": 792e3, "WriteTxn_100_SecondaryIndex": 571e3,
+    "RandomInsert": 1.34e6, "RandomReplace": 441e3, "SequentialInsert": 791e3,
+    "Changes_Baseline": 789e3, "Changes": 423e3, "RandomLookup": 12.1e6,
+    "SequentialLookup": 12.9e6, "FullIteration_All": 82e6,
+    "FullIteration_Get": 71.2e6, "Nibbles/WriteTxn_1": 323e3,
+    "Nibbles/WriteTxn_100": 930e3, "Nibbles/RandomLookup": 12.1e6,
+}
+UNIT = {"elem/s": 1.0, "Kelem/s": 1e3, "Melem/s": 1e6, "Gelem/s": 1e9}
+
+
+def medians(path):
+    """benchmark name -> median elements/s (criterion's middle estimate)."""
+    out, name = {}, None
+    for line in open(path, encoding="utf-8"):
+        m = re.match(r"^(statedb[\w-]*)/(\S+)", line)
+        if m:
+            name = m.group(2)
+        m = re.search(r"thrpt:\s+\[\S+ \S+ (\S+) (\S+) \S+ \S+\]", line)
+        if m and name and name not in out:
+            out[name] = float(m.group(1)) * UNIT[m.group(2)]
+    return out
+
+
+def fmt(v):
+    return f"{v / 1e6:.3f}M" if v >= 1e6 else f"{v / 1e3:.1f}k"
+
+
+def main():
+    mi, sy = medians(sys.argv[1]), medians(sys.argv[2])
+    print("| benchmark (objects/s) | ours, mimalloc | ours, system alloc | Go statedb "
+          "| ours ÷ Go (mimalloc) | ours ÷ Go (system) |")
+    print("|---|---|---|---|---|---|")
+    for name, go in GO.items():
+        if name not in mi:
+            continue
+        a, b = mi[name], sy.get(name)
+        label = name.replace("FullIteration_All", "FullIteration_All (100k)").replace(
+            "FullIteration_Get", "FullIteration_Get (100k)")
+        print(f"| {label} | {fmt(a)} | {fmt(b) if b else ''} | {fmt(go)} | {a / go:.2f}× "
+              f"| {f'{b / go:.2f}×' if b else ''} |")
+
+
+if __name__ == "__main__":
+    main()
