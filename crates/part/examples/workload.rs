@@ -66,6 +66,11 @@ fn main() {
                     sink += *base.get(&key(i)).unwrap() as u64;
                 }
             }
+            "all_big" => {
+                // A scan over the 100k-key tree.
+                let (big, _) = big_and_order();
+                sink += big.iter().map(|(_, v)| *v).sum::<u64>();
+            }
             "get64" => {
                 // The bench's Get: 8-byte keys 0..1000.
                 for k in 0..1000u64 {
@@ -109,7 +114,7 @@ fn main() {
             }
             other => {
                 eprintln!(
-                    "unknown workload {other}: insert | modify | txn1 | txn_1 | get | get64 | all | delete | delete_random"
+                    "unknown workload {other}: insert | modify | txn1 | txn_1 | get | get64 | all_big | all | delete | delete_random"
                 );
                 std::process::exit(2);
             }

@@ -503,6 +503,19 @@ impl<'a, V> Iter<'a, V> {
     }
 }
 
+impl<'a, V> Iter<'a, V> {
+    /// Steps through the scan leaf by leaf instead of in runs. Runs make a
+    /// scan 2-2.5x faster when the caller uses keys and values as they are,
+    /// but 15-25% slower (measured, cause unknown) when each value points at
+    /// memory the caller then reads: statedb's full scans over 100k objects
+    /// step.
+    pub fn stepwise(mut self) -> Self {
+        self.runs = false;
+        self.run = [].iter();
+        self
+    }
+}
+
 impl<'a, V> Iterator for Iter<'a, V> {
     type Item = (&'a [u8], &'a V);
     #[inline]

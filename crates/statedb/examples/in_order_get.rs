@@ -68,7 +68,11 @@ fn main() {
     let t0 = std::time::Instant::now();
     let mut found = 0;
     for _ in 0..passes {
-        if mode == "all" {
+        if mode == "allptr" {
+            for o in table.all(&r).expect("table is in the db") {
+                found += std::hint::black_box(o) as *const _ as u64 & 1;
+            }
+        } else if mode == "all" {
             for o in table.all(&r).expect("table is in the db") {
                 found += std::hint::black_box(o).id & 1;
             }

@@ -519,6 +519,14 @@ pub struct Objects<'a, T> {
     it: part::Iter<'a, Obj<T>>,
 }
 
+impl<'a, T> Objects<'a, T> {
+    /// Callers read each object, so the scan steps leaf by leaf (see
+    /// [`part::Iter::stepwise`]).
+    fn new(it: part::Iter<'a, Obj<T>>) -> Self {
+        Objects { it: it.stepwise() }
+    }
+}
+
 impl<'a, T> Iterator for Objects<'a, T> {
     type Item = &'a Arc<Object<T>>;
     #[inline]
@@ -727,9 +735,7 @@ impl<T: Storable> Table<T> {
         } else {
             Scan::Prefix(k)
         };
-        Ok(Objects {
-            it: tree.scan(&scan, false),
-        })
+        Ok(Objects::new(tree.scan(&scan, false)))
     }
 
     /// [`Table::list`] and a watch that fires when its result may change.
@@ -748,15 +754,10 @@ impl<T: Storable> Table<T> {
         let k = idx.point(self.inner.layout, key);
         if idx.is_unique() {
             let (_, w) = tree.get_watch(&k);
-            Ok((
-                Objects {
-                    it: tree.scan(&exact(k), false),
-                },
-                w,
-            ))
+            Ok((Objects::new(tree.scan(&exact(k), false)), w))
         } else {
             let (it, w) = tree.prefix_watch(&k);
-            Ok((Objects { it }, w))
+            Ok((Objects::new(it), w))
         }
     }
 
@@ -774,9 +775,10 @@ impl<T: Storable> Table<T> {
     {
         let pos = self.pos(idx)?;
         let tree = txn.view(self)?.index(pos);
-        Ok(Objects {
-            it: tree.scan(&Scan::Prefix(idx.prefix(self.inner.layout, prefix)), false),
-        })
+        Ok(Objects::new(tree.scan(
+            &Scan::Prefix(idx.prefix(self.inner.layout, prefix)),
+            false,
+        )))
     }
 
     /// [`Table::prefix`] and a watch that fires when its result may change.
@@ -793,7 +795,7 @@ impl<T: Storable> Table<T> {
         let pos = self.pos(idx)?;
         let tree = &txn.root(self)?.indexes[pos];
         let (it, w) = tree.prefix_watch(&idx.prefix(self.inner.layout, prefix));
-        Ok((Objects { it }, w))
+        Ok((Objects::new(it), w))
     }
 
     /// Objects whose key in `idx` is `>= key`, in key order.
@@ -809,9 +811,10 @@ impl<T: Storable> Table<T> {
     {
         let pos = self.pos(idx)?;
         let tree = txn.view(self)?.index(pos);
-        Ok(Objects {
-            it: tree.scan(&Scan::LowerBound(idx.prefix(self.inner.layout, key)), false),
-        })
+        Ok(Objects::new(tree.scan(
+            &Scan::LowerBound(idx.prefix(self.inner.layout, key)),
+            false,
+        )))
     }
 
     /// [`Table::lower_bound`] and a watch that fires on any change to the
@@ -829,27 +832,23 @@ impl<T: Storable> Table<T> {
         let pos = self.pos(idx)?;
         let tree = &txn.root(self)?.indexes[pos];
         Ok((
-            Objects {
-                it: tree.scan(&Scan::LowerBound(idx.prefix(self.inner.layout, key)), false),
-            },
+            Objects::new(tree.scan(&Scan::LowerBound(idx.prefix(self.inner.layout, key)), false)),
             tree.root_watch(),
         ))
     }
 
     /// Every object, in primary-key order.
     pub fn all<'a>(&self, txn: &'a impl TxnRead) -> Result<Objects<'a, T>> {
-        Ok(Objects {
-            it: txn.view(self)?.index(0).scan(&Scan::All, false),
-        })
+        Ok(Objects::new(
+            txn.view(self)?.index(0).scan(&Scan::All, false),
+        ))
     }
 
     /// [`Table::all`] and a watch that fires on any change to the table.
     pub fn all_watch<'a>(&self, txn: &'a ReadTxn) -> Result<(Objects<'a, T>, Watch)> {
         let tree = &txn.root(self)?.indexes[0];
         Ok((
-            Objects {
-                it: tree.scan(&Scan::All, false),
-            },
+            Objects::new(tree.scan(&Scan::All, false)),
             tree.root_watch(),
         ))
     }
@@ -860,12 +859,11 @@ impl<T: Storable> Table<T> {
         txn: &'a impl TxnRead,
         from: Revision,
     ) -> Result<Objects<'a, T>> {
-        Ok(Objects {
-            it: txn
-                .view(self)?
+        Ok(Objects::new(
+            txn.view(self)?
                 .revisions()
                 .scan(&Scan::LowerBound(rev_key(from).to_vec()), false),
-        })
+        ))
     }
 
     /// [`Table::list_revision`] and a watch that fires on the table's next
@@ -877,11 +875,10 @@ impl<T: Storable> Table<T> {
     ) -> Result<(Objects<'a, T>, Watch)> {
         let root = txn.root(self)?;
         Ok((
-            Objects {
-                it: root
-                    .revisions
+            Objects::new(
+                root.revisions
                     .scan(&Scan::LowerBound(rev_key(from).to_vec()), false),
-            },
+            ),
             root.revisions.root_watch(),
         ))
     }
