@@ -218,27 +218,27 @@ pub(crate) fn range_scan<'k, R: RangeBounds<&'k [u8]>>(range: &R) -> ScanRef<'k>
     ScanRef::Range(range.start_bound().cloned(), range.end_bound().cloned())
 }
 
-/// Lookup without watch tracking (the hot path). The root's segment is
-/// empty and a child's segment starts with the byte it was found under, so
-/// only the rest of each segment is compared.
+/// Lookup without watch tracking (the hot path). Inner segments are not
+/// compared, only skipped: a leaf stores its full key, so the one compare at
+/// the end (a leaf, or the terminal where the key runs out) decides. A key
+/// that left the tree's paths somewhere above reaches a missing child or a
+/// leaf with another key.
 #[inline]
 pub(crate) fn get<'a, V>(root: &'a Child<V>, key: &[u8]) -> Option<&'a V> {
     let mut node = root;
     let mut depth = 0;
     loop {
         let Some(&b) = key.get(depth) else {
-            return node.terminal()?.leaf_value();
+            return match node.terminal()? {
+                Child::Leaf(l) => bytes::eq(&l.h.bytes, key).then_some(&l.value),
+                _ => None,
+            };
         };
         let child = node.find_child(b)?;
         if let Child::Leaf(l) = child {
             return bytes::eq(&l.h.bytes, key).then_some(&l.value);
         }
-        let seg = child.bytes();
-        let end = depth + seg.len();
-        if end > key.len() || !bytes::eq(&seg[1..], &key[depth + 1..end]) {
-            return None;
-        }
-        depth = end;
+        depth += child.bytes().len();
         node = child;
     }
 }

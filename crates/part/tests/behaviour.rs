@@ -15,6 +15,48 @@ fn tree_of(keys: &[&[u8]]) -> Tree<u32> {
     t.commit()
 }
 
+/// Lookups skip inner segments and compare only the final leaf or terminal:
+/// keys that leave the tree's paths inside a segment must still miss,
+/// wherever the skipped path leads.
+#[test]
+fn lookups_that_leave_a_path_inside_a_segment_miss() {
+    let t = tree_of(&[
+        b"abcdef1",
+        b"abcdef2",
+        b"abcdef",
+        b"abcxyz",
+        b"zz",
+        b"abcdef1tail",
+    ]);
+    for k in [
+        &b"abXdef1"[..], // differs inside the shared segment, then a real child byte
+        b"abcdeX1",
+        b"abcdeX", // same length as a terminal's key
+        b"abXdef",
+        b"abcde",      // ends inside a segment
+        b"abcdef1tai", // ends inside a leaf's suffix
+        b"abcdef1taiX",
+        b"zX",
+        b"",
+    ] {
+        assert_eq!(t.get(k), None, "{:?}", String::from_utf8_lossy(k));
+        assert_eq!(t.get_watch(k).0, None, "{:?}", String::from_utf8_lossy(k));
+    }
+    for (i, k) in [
+        &b"abcdef1"[..],
+        b"abcdef2",
+        b"abcdef",
+        b"abcxyz",
+        b"zz",
+        b"abcdef1tail",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_eq!(t.get(k), Some(&(i as u32)));
+    }
+}
+
 #[test]
 fn grows_through_every_kind_and_back() {
     let mut t: Tree<u32> = Tree::new();
