@@ -5,19 +5,15 @@
 //!
 //! `cargo run --release -p statedb --example in_order_get -- [get|all] [PASSES]`
 
-use statedb::{Db, DbOptions, Index};
+// The benchmark suite's fixtures: `TestObject`, tables, `fill`.
+#[path = "../benches/common.rs"]
+mod common;
+
+use common::{fill, new_db};
 
 // The suite's allocator: placement differs between allocators.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Go statedb's `testObject`, as in the benchmark suite.
-#[derive(Clone, Debug)]
-struct TestObject {
-    id: u64,
-    #[allow(dead_code)]
-    tags: &'static [&'static str],
-}
 
 const BIG: u64 = 100_000;
 
@@ -25,22 +21,9 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "get".into());
     let passes: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(50);
-    let db = Db::with_options(DbOptions::default());
-    let by_id = Index::unique("id", |o: &TestObject| o.id);
-    let table = db
-        .create_table_with("t", &by_id, &[], Default::default())
-        .expect("valid table");
-    let mut id = 0;
-    while id < BIG {
-        let mut w = db.write_txn(&[&table]).expect("table is in the db");
-        for _ in 0..1000 {
-            table
-                .insert(&mut w, TestObject { id, tags: &[] })
-                .expect("locked table");
-            id += 1;
-        }
-        w.commit().expect("commit");
-    }
+    let b = new_db(false);
+    fill(&b, BIG);
+    let (db, table, by_id) = (&b.db, &b.table, &b.by_id);
     let r = db.read_txn();
     if std::env::var_os("LAYOUT").is_some() {
         // Distance between consecutive keys' values (inside their leaves):
@@ -48,7 +31,7 @@ fn main() {
         let mut hist = std::collections::BTreeMap::<i64, u64>::new();
         let mut prev = 0i64;
         for id in 0..BIG {
-            let Ok(Some(o)) = table.get(&r, &by_id, &id) else {
+            let Ok(Some(o)) = table.get(&r, by_id, &id) else {
                 unreachable!("id {id} was inserted")
             };
             let a = o as *const _ as i64;
@@ -78,7 +61,7 @@ fn main() {
             }
         } else {
             for id in 0..BIG {
-                found += std::hint::black_box(table.get(&r, &by_id, &id)).is_ok_and(|o| o.is_some())
+                found += std::hint::black_box(table.get(&r, by_id, &id)).is_ok_and(|o| o.is_some())
                     as u64;
             }
         }

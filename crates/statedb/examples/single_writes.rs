@@ -6,19 +6,16 @@
 //! `cargo run --release -p statedb --example single_writes -- [TXNS] [OBJECTS] [seq] [ROWS]`
 //! (`ROWS` per transaction, default 1)
 
-use statedb::{Db, DbOptions, Index};
+// The benchmark suite's fixtures: `TestObject`, tables, `fill`.
+#[path = "../benches/common.rs"]
+mod common;
+
+use common::{fill, new_db_named, obj};
+use statedb::{Db, DbOptions};
 
 // The suite's allocator.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Go statedb's `testObject`, as in the benchmark suite.
-#[derive(Clone, Debug)]
-struct TestObject {
-    id: u64,
-    #[allow(dead_code)]
-    tags: &'static [&'static str],
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -32,20 +29,9 @@ fn main() {
     } else {
         DbOptions::default()
     });
-    let by_id = Index::unique("id", |o: &TestObject| o.id);
-    let table = db
-        .create_table_with("t", &by_id, &[], Default::default())
-        .expect("valid table");
-    let obj = |id| TestObject { id, tags: &[] };
-    let mut id = 0;
-    while id < objects {
-        let mut w = db.write_txn(&[&table]).expect("table is in the db");
-        for _ in 0..1000.min(objects - id) {
-            table.insert(&mut w, obj(id)).expect("locked table");
-            id += 1;
-        }
-        w.commit().expect("commit");
-    }
+    let b = new_db_named(&db, "test", false);
+    fill(&b, objects);
+    let table = &b.table;
     // A fixed pseudo-random order (xorshift), the same in every run.
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let t0 = std::time::Instant::now();
@@ -53,7 +39,7 @@ fn main() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let mut w = db.write_txn(&[&table]).expect("table is in the db");
+        let mut w = db.write_txn(&[table]).expect("table is in the db");
         for j in 0..batch {
             let id = if seq {
                 (i * batch + j) % objects
