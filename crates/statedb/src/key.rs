@@ -119,8 +119,8 @@ pub(crate) fn expand_escaped(layout: KeyLayout, raw: &[u8], terminate: bool, out
 
 /// The stored key of a revision in the revision index and graveyard: its
 /// big-endian bytes. (Nibble-expanded before part's delta node256; plain
-/// bytes measured 14-30% faster on every write benchmark since, see
-/// docs/design.md.)
+/// bytes measured 14-28% faster on the multi-object write benchmarks since,
+/// single-row writes unchanged: see docs/design.md.)
 #[inline]
 pub(crate) fn rev_key(r: u64) -> [u8; 8] {
     r.to_be_bytes()
