@@ -646,8 +646,8 @@ impl<V> Child<V> {
                 }
                 d.base.clone()
             }
-            // Filled in its own allocation: built on the stack and moved,
-            // the 4 KiB array was copied twice.
+            // Filled in its own allocation: only the empty array is moved
+            // in (a filled 4 KiB array built on the stack was copied twice).
             None => {
                 let mut flat = Arc::new(N256 {
                     h,
@@ -657,9 +657,7 @@ impl<V> Child<V> {
                 });
                 if let Some(f) = Arc::get_mut(&mut flat) {
                     for (o, s) in f.children.iter_mut().zip(&d.base.children) {
-                        if s.is_some() {
-                            *o = s.clone();
-                        }
+                        *o = s.clone();
                     }
                     for i in 0..d.n as usize {
                         f.children[d.keys[i] as usize] = d.patches[i].take();
