@@ -12,7 +12,11 @@ fn key(i: u32) -> [u8; 4] {
 fn big_and_order() -> &'static (Tree<u64>, Vec<u64>) {
     static BIG: std::sync::OnceLock<(Tree<u64>, Vec<u64>)> = std::sync::OnceLock::new();
     BIG.get_or_init(|| {
-        let mut t = Tree::new().txn();
+        // Root-only watches, as the bench (and Go's) builds it.
+        let ro = Options {
+            root_only_watch: true,
+        };
+        let mut t = Tree::with_options(ro).txn();
         for k in 0..100_000u64 {
             t.insert(&k.to_be_bytes(), k).unwrap();
         }

@@ -62,7 +62,13 @@ pub(crate) fn check_root<V>(root: &Child<V>, len: usize) -> Result<(), String> {
                 }
                 (N48_MIN, filled)
             }
-            Child::N256(x) => (N256_MIN, x.children.iter().filter(|c| c.is_some()).count()),
+            Child::N256(x) => {
+                x.slots.check().map_err(|e| format!("{e} at {path:?}"))?;
+                (
+                    N256_MIN,
+                    x.slots.array().iter().filter(|c| c.is_some()).count(),
+                )
+            }
             Child::D256(x) => {
                 let bits: u32 = x.patched.iter().map(|w| w.count_ones()).sum();
                 let keys = &x.keys[..x.n as usize];

@@ -447,7 +447,7 @@ impl<'a, V> Raw<&'a Child<V>> {
         let slots: &'a [Option<Child<V>>] = match node {
             Child::N4(n) => &n.children[..n.len as usize],
             Child::N16(n) => &n.children[..n.len as usize],
-            Child::N256(n) => &n.children,
+            Child::N256(n) => n.slots.array(),
             _ => return (&[], 0),
         };
         let rest = slots.get(top.pos..).unwrap_or(&[]);

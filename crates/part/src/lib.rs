@@ -32,6 +32,7 @@ mod iter;
 mod lazy;
 mod node;
 mod simd;
+mod slots;
 mod sync;
 mod tree;
 mod txn;

@@ -13,6 +13,7 @@ use triomphe::Arc;
 
 use crate::lazy::LazyWatch;
 use crate::simd;
+use crate::slots::Slots256;
 use crate::watch::WatchInner;
 
 /// Key bytes: up to 16 bytes inline, longer keys on the heap.
@@ -99,7 +100,8 @@ pub(crate) struct N256<V> {
     pub(crate) h: Header,
     pub(crate) terminal: Option<Child<V>>,
     pub(crate) len: u16,
-    pub(crate) children: [Option<Child<V>>; 256],
+    /// May borrow children from an older node256: see `slots.rs`.
+    pub(crate) slots: Slots256<V>,
 }
 
 /// Patches a [`D256`] holds before it is flattened into a node256.
@@ -150,7 +152,7 @@ impl<V> D256<V> {
     pub(crate) fn get(&self, b: u8) -> Option<&Child<V>> {
         match self.patch_index(b) {
             Some(i) => self.patches[i].as_ref(),
-            None => self.base.children[b as usize].as_ref(),
+            None => self.base.slots.get(b),
         }
     }
 
@@ -162,7 +164,8 @@ impl<V> D256<V> {
         let base = loop {
             let hit = self
                 .base
-                .children
+                .slots
+                .array()
                 .get(from..)?
                 .iter()
                 .enumerate()
@@ -188,7 +191,7 @@ impl<V> D256<V> {
         let pos = pos.min(255);
         let mut to = pos + 1;
         let base = loop {
-            let hit = self.base.children[..to]
+            let hit = self.base.slots.array()[..to]
                 .iter()
                 .enumerate()
                 .rev()
@@ -438,7 +441,7 @@ impl<V> Child<V> {
                 0 => None,
                 s => n.children[s as usize - 1].as_ref(),
             },
-            Child::N256(n) => n.children[b as usize].as_ref(),
+            Child::N256(n) => n.slots.get(b),
             Child::D256(n) => n.get(b),
         }
     }
@@ -462,7 +465,8 @@ impl<V> Child<V> {
                 s => n.children[s as usize - 1].as_ref().map(|c| (b, c)),
             }),
             Child::N256(n) => n
-                .children
+                .slots
+                .array()
                 .get(pos..)?
                 .iter()
                 .enumerate()
@@ -490,7 +494,7 @@ impl<V> Child<V> {
             }),
             Child::N256(n) => (0..=pos.min(255))
                 .rev()
-                .find_map(|b| n.children[b].as_ref().map(|c| (b, c))),
+                .find_map(|b| n.slots.array()[b].as_ref().map(|c| (b, c))),
             Child::D256(n) => n.prev(pos),
         }
     }
@@ -543,7 +547,12 @@ impl<V> Child<V> {
             Child::N4(n) => (n.len > 0).then(|| n.keys[0]),
             Child::N16(n) => (n.len > 0).then(|| n.keys[0]),
             Child::N48(n) => n.index.iter().position(|&s| s != 0).map(|b| b as u8),
-            Child::N256(n) => n.children.iter().position(Option::is_some).map(|b| b as u8),
+            Child::N256(n) => n
+                .slots
+                .array()
+                .iter()
+                .position(Option::is_some)
+                .map(|b| b as u8),
             Child::D256(_) => self.next_child(0).map(|(b, _)| b as u8),
         }
     }
@@ -604,7 +613,7 @@ impl<V> Child<V> {
                 h: n.h.copy(),
                 terminal: n.terminal.clone(),
                 len: n.len,
-                children: clone_slots(&n.children, 256),
+                slots: Slots256::from_array(n.slots.clone_owned()),
             })),
             Child::D256(n) => n.copy(),
         }
@@ -642,25 +651,24 @@ impl<V> Child<V> {
                 base.terminal = terminal;
                 base.len = len;
                 for i in 0..d.n as usize {
-                    base.children[d.keys[i] as usize] = d.patches[i].take();
+                    base.slots.put(d.keys[i], d.patches[i].take());
                 }
                 d.base.clone()
             }
-            // Filled in its own allocation: only the empty array is moved
-            // in (a filled 4 KiB array built on the stack was copied twice).
+            // Filled in its own allocation (a filled 4 KiB array built on
+            // the stack was copied twice), borrowing the base's children
+            // rather than taking a reference on each (see `slots.rs`).
             None => {
                 let mut flat = Arc::new(N256 {
                     h,
                     terminal,
                     len,
-                    children: none_array(),
+                    slots: Slots256::new(),
                 });
                 if let Some(f) = Arc::get_mut(&mut flat) {
-                    for (o, s) in f.children.iter_mut().zip(&d.base.children) {
-                        *o = s.clone();
-                    }
+                    f.slots.borrow_from(&d.base);
                     for i in 0..d.n as usize {
-                        f.children[d.keys[i] as usize] = d.patches[i].take();
+                        f.slots.put(d.keys[i], d.patches[i].take());
                     }
                 }
                 flat
@@ -671,12 +679,76 @@ impl<V> Child<V> {
 
     /// Flattens a private delta that has no room left to patch byte `b`
     /// (no-op for other kinds, or when `b` is already patched).
-    fn room_for_patch(&mut self, b: u8) {
+    pub(crate) fn room_for_patch(&mut self, b: u8) {
         if let Child::D256(d) = self {
             if d.is_full() && !d.is_patched(b) {
                 self.flatten();
             }
         }
+    }
+
+    /// Whether this private node holds the child under `b` without a
+    /// reference of its own: a node256's borrowed slot (see `slots.rs`) or
+    /// a delta's unpatched byte (the base's child). Such a child can be
+    /// replaced or removed without touching its count. Call after
+    /// [`Child::room_for_patch`], which may turn a delta into a node256.
+    #[inline]
+    pub(crate) fn borrows_child(&self, b: u8) -> bool {
+        match self {
+            Child::N256(n) => n.slots.is_borrowed(b),
+            Child::D256(d) => !d.is_patched(b),
+            _ => false,
+        }
+    }
+
+    /// Puts `new` in place of the child under `b`, which this private node
+    /// borrows ([`Child::borrows_child`]); the old child stays with its owner.
+    pub(crate) fn replace_borrowed(&mut self, b: u8, new: Child<V>) {
+        match self.get_mut() {
+            Some(NodeMut::N256(n)) => n.slots.put(b, Some(new)),
+            Some(NodeMut::D256(d)) => {
+                d.push_patch(b, Some(new));
+            }
+            _ => {}
+        }
+    }
+
+    /// Unlinks the leaf under `b` from this private node, shrinking the
+    /// kind below its threshold. Returns a clone of its value, and the leaf
+    /// itself when the node owned it or `keep` asks for it (to close its
+    /// watch after commit). A leaf the node borrows
+    /// ([`Child::borrows_child`]) is unlinked without touching its count.
+    pub(crate) fn remove_leaf(&mut self, b: u8, keep: bool) -> Option<(V, Option<Child<V>>)>
+    where
+        V: Clone,
+    {
+        self.room_for_patch(b);
+        let out = match self.get_mut()? {
+            NodeMut::N256(n) if n.slots.is_borrowed(b) => {
+                let c = n.slots.get(b)?;
+                let out = (c.leaf_value()?.clone(), keep.then(|| c.clone()));
+                n.slots.put(b, None);
+                n.len -= 1;
+                out
+            }
+            NodeMut::D256(d) if !d.is_patched(b) => {
+                let c = d.base.slots.get(b)?;
+                let out = (c.leaf_value()?.clone(), keep.then(|| c.clone()));
+                d.push_patch(b, None);
+                d.len -= 1;
+                out
+            }
+            n => {
+                let c = n.remove_child(b)?;
+                let value = match c.leaf_value() {
+                    Some(v) => v.clone(),
+                    None => unreachable!("callers unlink leaves only"),
+                };
+                (value, Some(c))
+            }
+        };
+        self.maybe_shrink();
+        Some(out)
     }
 
     /// Exclusive access to the child under `b` of this private node (a
@@ -779,12 +851,14 @@ impl<V> Child<V> {
                     },
                     terminal: n.terminal.take(),
                     len: n.len as u16,
-                    children: none_array(),
+                    slots: Slots256::new(),
                 };
-                for b in 0..256 {
-                    let s = n.index[b];
+                for b in 0..=255u8 {
+                    let s = n.index[b as usize];
                     if s != 0 {
-                        m.children[b] = n.children[s as usize - 1].take();
+                        if let Some(c) = n.children[s as usize - 1].take() {
+                            m.slots.put_empty(b, c);
+                        }
                     }
                 }
                 Child::N256(Arc::new(m))
@@ -843,7 +917,7 @@ impl<V> Child<V> {
                     .filter_map(|b| {
                         let c = match x.patch_index(b) {
                             Some(i) => x.patches[i].take(),
-                            None => x.base.children[b as usize].clone(),
+                            None => x.base.slots.get(b).cloned(),
                         };
                         c.map(|c| (b, c))
                     })
@@ -852,7 +926,7 @@ impl<V> Child<V> {
             }
             Some(NodeMut::N256(x)) if n < N256_MIN => {
                 let kids: Vec<(u8, Child<V>)> = (0..=255u8)
-                    .filter_map(|b| x.children[b as usize].take().map(|c| (b, c)))
+                    .filter_map(|b| x.slots.take(b).map(|c| (b, c)))
                     .collect();
                 n48_from(&mut x.h, x.terminal.take(), kids)
             }
@@ -926,12 +1000,12 @@ impl<'a, V> NodeMut<'a, V> {
                 0 => None,
                 s => n.children[s as usize - 1].as_mut(),
             },
-            NodeMut::N256(n) => n.children[b as usize].as_mut(),
+            NodeMut::N256(n) => n.slots.get_mut(b),
             NodeMut::D256(n) => {
                 let i = match n.patch_index(b) {
                     Some(i) => i,
                     None => {
-                        let c = n.base.children[b as usize].clone()?;
+                        let c = n.base.slots.get(b).cloned()?;
                         if n.is_full() {
                             return None; // `Child::child_mut` flattens first
                         }
@@ -981,7 +1055,7 @@ impl<'a, V> NodeMut<'a, V> {
                 }
             }
             NodeMut::N256(n) => {
-                n.children[b as usize] = Some(child);
+                n.slots.put_empty(b, child);
                 n.len += 1;
             }
             NodeMut::D256(n) => {
@@ -1030,7 +1104,7 @@ impl<'a, V> NodeMut<'a, V> {
                 n.children[s as usize - 1].take()
             }
             NodeMut::N256(n) => {
-                let c = n.children[b as usize].take()?;
+                let c = n.slots.take(b)?;
                 n.len -= 1;
                 Some(c)
             }
@@ -1040,7 +1114,7 @@ impl<'a, V> NodeMut<'a, V> {
                     None => {
                         // A tombstone hides the base's child; `Child::
                         // remove_child` flattened a full delta first.
-                        let c = n.base.children[b as usize].clone()?;
+                        let c = n.base.slots.get(b).cloned()?;
                         n.push_patch(b, None);
                         c
                     }
@@ -1064,8 +1138,8 @@ const DROP_RECURSION: u32 = 64;
 /// recursively with no extra pass; past `DROP_RECURSION` nested drops, inner
 /// children that nothing else references move to a work list and are taken
 /// apart one by one, so a tree as deep as its longest key cannot overflow
-/// the stack.
-fn drop_children<V>(slots: &mut [Option<Child<V>>]) {
+/// the stack. Every slot is empty afterwards.
+pub(crate) fn drop_children<V>(slots: &mut [Option<Child<V>>]) {
     // During thread teardown the counter may be gone: use the work list.
     let depth = DROP_DEPTH.try_with(|d| d.get()).unwrap_or(DROP_RECURSION);
     if depth < DROP_RECURSION {
@@ -1083,15 +1157,18 @@ fn drop_children<V>(slots: &mut [Option<Child<V>>]) {
             Some(NodeMut::N4(n)) => collect_unique(&mut n.children, &mut work),
             Some(NodeMut::N16(n)) => collect_unique(&mut n.children, &mut work),
             Some(NodeMut::N48(n)) => collect_unique(&mut n.children, &mut work),
-            Some(NodeMut::N256(n)) => collect_unique(&mut n.children, &mut work),
+            Some(NodeMut::N256(n)) => collect_unique(n.slots.for_drop(), &mut work),
             Some(NodeMut::D256(n)) => {
                 collect_unique(&mut n.patches, &mut work);
                 if let Some(base) = Arc::get_mut(&mut n.base) {
-                    collect_unique(&mut base.children, &mut work);
+                    collect_unique(base.slots.for_drop(), &mut work);
                 }
             }
             _ => {}
         }
+    }
+    for slot in slots {
+        drop(slot.take());
     }
 }
 
@@ -1116,12 +1193,6 @@ impl<V> Drop for N16<V> {
 }
 
 impl<V> Drop for N48<V> {
-    fn drop(&mut self) {
-        drop_children(&mut self.children);
-    }
-}
-
-impl<V> Drop for N256<V> {
     fn drop(&mut self) {
         drop_children(&mut self.children);
     }

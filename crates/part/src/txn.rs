@@ -212,6 +212,23 @@ impl<V: Clone> Txn<V> {
                 self.len += 1;
                 return Ok(None);
             }
+            slot.room_for_patch(b);
+            if slot.borrows_child(b) {
+                if let Some(Child::Leaf(l)) = slot.find_child(b) {
+                    if crate::bytes::eq(&l.h.bytes, key) {
+                        // The node does not own this leaf: replacing it
+                        // leaves its count alone (see `slots.rs`).
+                        let old = l.value.clone();
+                        let gone = rec.all.then(|| Child::Leaf(l.clone()));
+                        let new = Child::leaf(key, f(Some(&l.value)));
+                        if let Some(g) = gone {
+                            rec.nodes.push(g);
+                        }
+                        slot.replace_borrowed(b, new);
+                        return Ok(Some(old));
+                    }
+                }
+            }
             slot = child_slot(slot, b);
         }
     }
@@ -226,21 +243,21 @@ impl<V: Clone> Txn<V> {
         let mut depth = 0usize;
         let mut is_root = true;
         loop {
-            // Some(leaf) once the key's leaf is unlinked from this node;
-            // None to descend.
+            // Some((value, leaf to record)) once the key's leaf is unlinked
+            // from this node; None to descend.
             let unlinked = {
                 rec.make_mut(slot, is_root);
                 depth += slot.bytes().len();
                 if depth == key.len() {
-                    Some(
-                        slot.get_mut()
-                            .and_then(NodeMut::terminal_mut)
-                            .and_then(Option::take),
-                    )
+                    let leaf = slot
+                        .get_mut()
+                        .and_then(NodeMut::terminal_mut)
+                        .and_then(Option::take);
+                    Some(leaf.and_then(|l| Some((l.leaf_value()?.clone(), Some(l)))))
                 } else if slot.find_child(key[depth]).is_some_and(|c| !c.is_leaf()) {
                     None
                 } else {
-                    Some(slot.remove_child(key[depth]))
+                    Some(slot.remove_leaf(key[depth], rec.all))
                 }
             };
             match unlinked {
@@ -248,8 +265,11 @@ impl<V: Clone> Txn<V> {
                     slot = child_slot(slot, key[depth]);
                     is_root = false;
                 }
-                Some(leaf) => {
-                    let value = take_value(leaf?, rec);
+                Some(removed) => {
+                    let (value, leaf) = removed?;
+                    if let Some(leaf) = leaf {
+                        rec.removed(leaf);
+                    }
                     if !is_root {
                         normalize(rec, slot);
                     }

@@ -1,0 +1,238 @@
+//! A node256's child array, which may *borrow* children from an older
+//! node256 instead of taking a reference on each.
+//!
+//! A transaction that rewrites many children of a shared node256 must give
+//! the new version a child array of its own. Cloning the array takes one
+//! reference per child (an atomic increment on up to 256 cache lines), and
+//! each child the transaction then replaces gives that reference back (an
+//! atomic decrement), so a rewritten child costs two atomic operations
+//! before the old version is even freed. A borrowing array instead starts as
+//! a bitwise copy of the old array, holds one reference on the old node (the
+//! *lender*) to keep every copied child alive, and marks the copied slots.
+//! A borrowed child that is replaced or removed is simply forgotten; one that
+//! is reached for writing, or moved to another node, first takes a reference
+//! of its own. Once no slot borrows, the lender is released.
+//!
+//! Invariants (checked by `check`):
+//! * a bit is set in `borrowed` only for a non-empty slot, and `lender` is
+//!   `Some` exactly when some bit is set;
+//! * a borrowed slot holds the same pointer as the lender's slot, and the
+//!   lender owns that slot (lenders never borrow), so the chain of lenders is
+//!   one long and a borrowing node keeps at most one older version alive;
+//! * a borrowed copy is never dropped and never handed out as `&mut`: its
+//!   reference count does not count it, so `Arc::get_mut` through it would
+//!   wrongly succeed.
+//!
+//! The lender stays immutable while borrowed from: it is only reachable
+//! through `Arc`s and one of them is ours, so `Arc::get_mut` fails for every
+//! other holder.
+
+use std::mem::{forget, ManuallyDrop};
+
+use triomphe::Arc;
+
+use crate::node::{Child, N256};
+
+/// Child slots of a node256, possibly borrowed from a lender.
+pub(crate) struct Slots256<V> {
+    /// Emptied by `Drop` (through `drop_children`, which bounds recursion),
+    /// so the array's own drop glue would only scan 256 empty slots again.
+    children: ManuallyDrop<[Option<Child<V>>; 256]>,
+    /// Bit `b` set: `children[b]` is a bitwise copy of the lender's child,
+    /// for which this array holds no reference.
+    borrowed: [u64; 4],
+    /// Keeps every borrowed child alive.
+    lender: Option<Arc<N256<V>>>,
+}
+
+#[inline(always)]
+fn bit(b: u8) -> (usize, u64) {
+    ((b >> 6) as usize, 1u64 << (b & 63))
+}
+
+impl<V> Slots256<V> {
+    pub(crate) fn new() -> Self {
+        Slots256 {
+            children: ManuallyDrop::new(std::array::from_fn(|_| None)),
+            borrowed: [0; 4],
+            lender: None,
+        }
+    }
+
+    /// An array owning each of `children`.
+    pub(crate) fn from_array(children: [Option<Child<V>>; 256]) -> Self {
+        Slots256 {
+            children: ManuallyDrop::new(children),
+            borrowed: [0; 4],
+            lender: None,
+        }
+    }
+
+    /// Every slot, for reading.
+    #[inline(always)]
+    pub(crate) fn array(&self) -> &[Option<Child<V>>; 256] {
+        &self.children
+    }
+
+    #[inline(always)]
+    pub(crate) fn get(&self, b: u8) -> Option<&Child<V>> {
+        self.children[b as usize].as_ref()
+    }
+
+    /// Whether the child under `b` is borrowed (held without a reference).
+    #[inline(always)]
+    pub(crate) fn is_borrowed(&self, b: u8) -> bool {
+        let (w, m) = bit(b);
+        self.borrowed[w] & m != 0
+    }
+
+    fn clear(&mut self, b: u8) {
+        let (w, m) = bit(b);
+        self.borrowed[w] &= !m;
+        if self.borrowed == [0; 4] {
+            self.lender = None;
+        }
+    }
+
+    /// Makes the slot under `b` own its child (one reference taken).
+    #[inline]
+    fn own(&mut self, b: u8) {
+        if self.is_borrowed(b) {
+            if let Some(c) = &self.children[b as usize] {
+                // The copy in the slot now stands for this reference.
+                forget(c.clone());
+            }
+            self.clear(b);
+        }
+    }
+
+    /// Exclusive access to the child under `b`, which the slot owns first.
+    #[inline]
+    pub(crate) fn get_mut(&mut self, b: u8) -> Option<&mut Child<V>> {
+        self.own(b);
+        self.children[b as usize].as_mut()
+    }
+
+    /// Takes the child under `b` out, as an owned reference.
+    #[inline]
+    pub(crate) fn take(&mut self, b: u8) -> Option<Child<V>> {
+        self.own(b);
+        self.children[b as usize].take()
+    }
+
+    /// Stores `c` under `b`. A borrowed child there is forgotten (the lender
+    /// keeps its reference); an owned one is dropped.
+    #[inline]
+    pub(crate) fn put(&mut self, b: u8, c: Option<Child<V>>) {
+        let old = std::mem::replace(&mut self.children[b as usize], c);
+        if self.is_borrowed(b) {
+            forget(old);
+            self.clear(b);
+        }
+    }
+
+    /// Stores `c` under `b`, which is empty.
+    #[inline]
+    pub(crate) fn put_empty(&mut self, b: u8, c: Child<V>) {
+        debug_assert!(self.children[b as usize].is_none());
+        // An empty slot is never borrowed: nothing to forget or drop.
+        forget(self.children[b as usize].replace(c));
+    }
+
+    /// A copy owning a reference on each child (for a shallow node copy).
+    pub(crate) fn clone_owned(&self) -> [Option<Child<V>>; 256] {
+        let mut out: [Option<Child<V>>; 256] = std::array::from_fn(|_| None);
+        for (o, s) in out.iter_mut().zip(self.children.iter()) {
+            *o = s.clone();
+        }
+        out
+    }
+
+    /// Fills this empty array from `base` without a reference per child:
+    /// the children `base` owns are borrowed from `base`; those `base`
+    /// itself borrows are borrowed from its lender instead, so lenders never
+    /// chain (then the children `base` owns are each given a reference).
+    pub(crate) fn borrow_from(&mut self, base: &Arc<N256<V>>) {
+        debug_assert!(self.lender.is_none() && self.children.iter().all(Option::is_none));
+        let src = &base.slots;
+        // SAFETY: a bitwise copy of `base`'s slots over our empty ones
+        // (nothing to drop). Each non-empty copy is either marked borrowed
+        // below, with a reference taken on its owner (`base`, or `base`'s
+        // lender) that keeps it alive and immutable, and is then never
+        // dropped (see the module invariants); or given a reference of its
+        // own below. The counts therefore stay exact.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.children.as_ptr(), self.children.as_mut_ptr(), 256);
+        }
+        match &src.lender {
+            None => {
+                let mut borrowed = [0u64; 4];
+                for (i, c) in self.children.iter().enumerate() {
+                    borrowed[i >> 6] |= u64::from(c.is_some()) << (i & 63);
+                }
+                self.borrowed = borrowed;
+                if borrowed != [0; 4] {
+                    self.lender = Some(base.clone());
+                }
+            }
+            Some(lender) => {
+                for (i, c) in self.children.iter().enumerate() {
+                    if let Some(c) = c {
+                        if src.borrowed[i >> 6] & (1u64 << (i & 63)) == 0 {
+                            // The copy now stands for this reference.
+                            forget(c.clone());
+                        }
+                    }
+                }
+                // `base` has a lender, so it borrows some slot.
+                self.borrowed = src.borrowed;
+                self.lender = Some(lender.clone());
+            }
+        }
+    }
+
+    /// Forgets every borrowed copy (the slots become empty) and returns the
+    /// array, now holding only owned children: for dropping.
+    pub(crate) fn for_drop(&mut self) -> &mut [Option<Child<V>>; 256] {
+        if self.lender.is_some() {
+            for w in 0..4 {
+                let mut bits = self.borrowed[w];
+                while bits != 0 {
+                    let i = w * 64 + bits.trailing_zeros() as usize;
+                    forget(self.children[i].take());
+                    bits &= bits - 1;
+                }
+            }
+            self.borrowed = [0; 4];
+        }
+        &mut self.children
+    }
+
+    /// Checks the invariants above.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let any = self.borrowed != [0; 4];
+        if any != self.lender.is_some() {
+            return Err("borrowed bits and lender disagree".into());
+        }
+        for b in 0..=255u8 {
+            if !self.is_borrowed(b) {
+                continue;
+            }
+            let (Some(mine), Some(lender)) = (self.get(b), &self.lender) else {
+                return Err(format!("slot {b} is borrowed but empty"));
+            };
+            if lender.slots.lender.is_some()
+                || lender.slots.get(b).map(|c| c.ptr_eq(mine)) != Some(true)
+            {
+                return Err(format!("slot {b} is not the lender's own child"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<V> Drop for Slots256<V> {
+    fn drop(&mut self) {
+        crate::node::drop_children(&mut self.for_drop()[..]);
+    }
+}
