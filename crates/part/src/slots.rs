@@ -43,6 +43,20 @@ pub(crate) struct Slots256<V> {
     borrowed: [u64; 4],
     /// Keeps every borrowed child alive.
     lender: Option<Arc<N256<V>>>,
+    /// Bit `b` set: `children[b]` is not empty. Lets `borrow_from` mark
+    /// and visit only the occupied slots.
+    present: [u64; 4],
+}
+
+/// Calls `f` with the index of each set bit.
+#[inline(always)]
+fn each_bit(bits: [u64; 4], mut f: impl FnMut(usize)) {
+    for (w, mut word) in bits.into_iter().enumerate() {
+        while word != 0 {
+            f(w * 64 + word.trailing_zeros() as usize);
+            word &= word - 1;
+        }
+    }
 }
 
 #[inline(always)]
@@ -56,15 +70,21 @@ impl<V> Slots256<V> {
             children: ManuallyDrop::new(std::array::from_fn(|_| None)),
             borrowed: [0; 4],
             lender: None,
+            present: [0; 4],
         }
     }
 
     /// An array owning each of `children`.
     pub(crate) fn from_array(children: [Option<Child<V>>; 256]) -> Self {
+        let mut present = [0u64; 4];
+        for (i, c) in children.iter().enumerate() {
+            present[i >> 6] |= u64::from(c.is_some()) << (i & 63);
+        }
         Slots256 {
             children: ManuallyDrop::new(children),
             borrowed: [0; 4],
             lender: None,
+            present,
         }
     }
 
@@ -117,6 +137,8 @@ impl<V> Slots256<V> {
     #[inline]
     pub(crate) fn take(&mut self, b: u8) -> Option<Child<V>> {
         self.own(b);
+        let (w, m) = bit(b);
+        self.present[w] &= !m;
         self.children[b as usize].take()
     }
 
@@ -124,6 +146,12 @@ impl<V> Slots256<V> {
     /// keeps its reference); an owned one is dropped.
     #[inline]
     pub(crate) fn put(&mut self, b: u8, c: Option<Child<V>>) {
+        let (w, m) = bit(b);
+        if c.is_some() {
+            self.present[w] |= m;
+        } else {
+            self.present[w] &= !m;
+        }
         let old = std::mem::replace(&mut self.children[b as usize], c);
         if self.is_borrowed(b) {
             forget(old);
@@ -135,6 +163,8 @@ impl<V> Slots256<V> {
     #[inline]
     pub(crate) fn put_empty(&mut self, b: u8, c: Child<V>) {
         debug_assert!(self.children[b as usize].is_none());
+        let (w, m) = bit(b);
+        self.present[w] |= m;
         // An empty slot is never borrowed: nothing to forget or drop.
         forget(self.children[b as usize].replace(c));
     }
@@ -164,26 +194,23 @@ impl<V> Slots256<V> {
         unsafe {
             std::ptr::copy_nonoverlapping(src.children.as_ptr(), self.children.as_mut_ptr(), 256);
         }
+        self.present = src.present;
         match &src.lender {
             None => {
-                let mut borrowed = [0u64; 4];
-                for (i, c) in self.children.iter().enumerate() {
-                    borrowed[i >> 6] |= u64::from(c.is_some()) << (i & 63);
-                }
-                self.borrowed = borrowed;
-                if borrowed != [0; 4] {
+                self.borrowed = src.present;
+                if src.present != [0; 4] {
                     self.lender = Some(base.clone());
                 }
             }
             Some(lender) => {
-                for (i, c) in self.children.iter().enumerate() {
-                    if let Some(c) = c {
-                        if src.borrowed[i >> 6] & (1u64 << (i & 63)) == 0 {
-                            // The copy now stands for this reference.
-                            forget(c.clone());
-                        }
+                let owned: [u64; 4] = std::array::from_fn(|w| src.present[w] & !src.borrowed[w]);
+                let children = &self.children;
+                each_bit(owned, |i| {
+                    if let Some(c) = &children[i] {
+                        // The copy now stands for this reference.
+                        forget(c.clone());
                     }
-                }
+                });
                 // `base` has a lender, so it borrows some slot.
                 self.borrowed = src.borrowed;
                 self.lender = Some(lender.clone());
@@ -195,21 +222,21 @@ impl<V> Slots256<V> {
     /// array, now holding only owned children: for dropping.
     pub(crate) fn for_drop(&mut self) -> &mut [Option<Child<V>>; 256] {
         if self.lender.is_some() {
-            for w in 0..4 {
-                let mut bits = self.borrowed[w];
-                while bits != 0 {
-                    let i = w * 64 + bits.trailing_zeros() as usize;
-                    forget(self.children[i].take());
-                    bits &= bits - 1;
-                }
-            }
+            let children = &mut self.children;
+            each_bit(self.borrowed, |i| forget(children[i].take()));
             self.borrowed = [0; 4];
         }
+        self.present = [0; 4];
         &mut self.children
     }
 
     /// Checks the invariants above.
     pub(crate) fn check(&self) -> Result<(), String> {
+        for (i, c) in self.children.iter().enumerate() {
+            if c.is_some() != (self.present[i >> 6] & (1u64 << (i & 63)) != 0) {
+                return Err(format!("presence bit {i} disagrees with the slot"));
+            }
+        }
         let any = self.borrowed != [0; 4];
         if any != self.lender.is_some() {
             return Err("borrowed bits and lender disagree".into());
