@@ -1140,13 +1140,31 @@ const DROP_RECURSION: u32 = 64;
 /// apart one by one, so a tree as deep as its longest key cannot overflow
 /// the stack. Every slot is empty afterwards.
 pub(crate) fn drop_children<V>(slots: &mut [Option<Child<V>>]) {
+    drop_children_with(slots, |s| {
+        for slot in s.iter_mut() {
+            drop(slot.take());
+        }
+    });
+}
+
+/// [`drop_children`] for a node256 array whose only occupied slots are the
+/// set bits of `occupied`: the usual, shallow case visits only those.
+pub(crate) fn drop_slots256<V>(slots: &mut [Option<Child<V>>; 256], occupied: [u64; 4]) {
+    drop_children_with(slots, |s| {
+        crate::slots::each_bit(occupied, |i| drop(s[i].take()));
+    });
+}
+
+/// `shallow` drops every child when the nesting allows recursion.
+fn drop_children_with<V>(
+    slots: &mut [Option<Child<V>>],
+    shallow: impl FnOnce(&mut [Option<Child<V>>]),
+) {
     // During thread teardown the counter may be gone: use the work list.
     let depth = DROP_DEPTH.try_with(|d| d.get()).unwrap_or(DROP_RECURSION);
     if depth < DROP_RECURSION {
         let _ = DROP_DEPTH.try_with(|d| d.set(depth + 1));
-        for slot in slots.iter_mut() {
-            drop(slot.take());
-        }
+        shallow(slots);
         let _ = DROP_DEPTH.try_with(|d| d.set(depth));
         return;
     }

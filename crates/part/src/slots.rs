@@ -50,7 +50,7 @@ pub(crate) struct Slots256<V> {
 
 /// Calls `f` with the index of each set bit.
 #[inline(always)]
-fn each_bit(bits: [u64; 4], mut f: impl FnMut(usize)) {
+pub(crate) fn each_bit(bits: [u64; 4], mut f: impl FnMut(usize)) {
     for (w, mut word) in bits.into_iter().enumerate() {
         while word != 0 {
             f(w * 64 + word.trailing_zeros() as usize);
@@ -260,6 +260,7 @@ impl<V> Slots256<V> {
 
 impl<V> Drop for Slots256<V> {
     fn drop(&mut self) {
-        crate::node::drop_children(&mut self.for_drop()[..]);
+        let owned: [u64; 4] = std::array::from_fn(|w| self.present[w] & !self.borrowed[w]);
+        crate::node::drop_slots256(self.for_drop(), owned);
     }
 }
