@@ -659,19 +659,11 @@ impl<V> Child<V> {
             // the stack was copied twice), borrowing the base's children
             // rather than taking a reference on each (see `slots.rs`).
             None => {
-                let mut flat = Arc::new(N256 {
-                    h,
-                    terminal,
-                    len,
-                    slots: Slots256::new(),
-                });
-                if let Some(f) = Arc::get_mut(&mut flat) {
-                    f.slots.borrow_from(&d.base);
-                    for i in 0..d.n as usize {
-                        f.slots.put(d.keys[i], d.patches[i].take());
-                    }
+                let mut flat = Slots256::new_borrowing(h, terminal, len, &d.base);
+                for i in 0..d.n as usize {
+                    flat.slots.put(d.keys[i], d.patches[i].take());
                 }
-                flat
+                flat.shareable()
             }
         };
         *self = Child::N256(flat);

@@ -29,9 +29,11 @@
 
 use std::mem::{forget, ManuallyDrop};
 
-use triomphe::Arc;
+use std::ptr::addr_of_mut;
 
-use crate::node::{Child, N256};
+use triomphe::{Arc, UniqueArc};
+
+use crate::node::{Child, Header, N256};
 
 /// Child slots of a node256, possibly borrowed from a lender.
 pub(crate) struct Slots256<V> {
@@ -178,43 +180,55 @@ impl<V> Slots256<V> {
         out
     }
 
-    /// Fills this empty array from `base` without a reference per child:
-    /// the children `base` owns are borrowed from `base`; those `base`
-    /// itself borrows are borrowed from its lender instead, so lenders never
-    /// chain (then the children `base` owns are each given a reference).
-    pub(crate) fn borrow_from(&mut self, base: &Arc<N256<V>>) {
-        debug_assert!(self.lender.is_none() && self.children.iter().all(Option::is_none));
+    /// A private node256 whose children are `base`'s, without a reference
+    /// per child: the children `base` owns are borrowed from `base`; those
+    /// `base` itself borrows are borrowed from its lender instead, so lenders
+    /// never chain (the children `base` owns then get a reference each).
+    /// Built in its own allocation: a 4 KiB array built on the stack and
+    /// moved in is copied several times over.
+    pub(crate) fn new_borrowing(
+        h: Header,
+        terminal: Option<Child<V>>,
+        len: u16,
+        base: &Arc<N256<V>>,
+    ) -> UniqueArc<N256<V>> {
         let src = &base.slots;
-        // SAFETY: a bitwise copy of `base`'s slots over our empty ones
-        // (nothing to drop). Each non-empty copy is either marked borrowed
-        // below, with a reference taken on its owner (`base`, or `base`'s
-        // lender) that keeps it alive and immutable, and is then never
-        // dropped (see the module invariants); or given a reference of its
-        // own below. The counts therefore stay exact.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.children.as_ptr(), self.children.as_mut_ptr(), 256);
-        }
-        self.present = src.present;
-        match &src.lender {
-            None => {
-                self.borrowed = src.present;
-                if src.present != [0; 4] {
-                    self.lender = Some(base.clone());
-                }
-            }
+        let (borrowed, lender) = match &src.lender {
+            None => (src.present, (src.present != [0; 4]).then(|| base.clone())),
             Some(lender) => {
                 let owned: [u64; 4] = std::array::from_fn(|w| src.present[w] & !src.borrowed[w]);
-                let children = &self.children;
                 each_bit(owned, |i| {
-                    if let Some(c) = &children[i] {
-                        // The copy now stands for this reference.
+                    if let Some(c) = &src.children[i] {
+                        // The bitwise copy made below stands for this reference.
                         forget(c.clone());
                     }
                 });
                 // `base` has a lender, so it borrows some slot.
-                self.borrowed = src.borrowed;
-                self.lender = Some(lender.clone());
+                (src.borrowed, Some(lender.clone()))
             }
+        };
+        let mut uninit = UniqueArc::<N256<V>>::new_uninit();
+        let p = uninit.as_mut_ptr().cast::<N256<V>>();
+        // SAFETY: `p` points to an allocation for an `N256` that nothing else
+        // can reach; every field is written exactly once before
+        // `assume_init`, and nothing here can unwind in between. The child
+        // array is a bitwise copy of `base`'s: each non-empty copy is either
+        // marked borrowed, with `lender` (a reference on its owner, `base` or
+        // `base`'s lender) keeping it alive and immutable while it is never
+        // dropped (module invariants), or was given a reference of its own
+        // above. The counts therefore stay exact.
+        unsafe {
+            addr_of_mut!((*p).h).write(h);
+            addr_of_mut!((*p).terminal).write(terminal);
+            addr_of_mut!((*p).len).write(len);
+            let s = addr_of_mut!((*p).slots);
+            addr_of_mut!((*s).children)
+                .cast::<Option<Child<V>>>()
+                .copy_from_nonoverlapping(src.children.as_ptr(), 256);
+            addr_of_mut!((*s).borrowed).write(borrowed);
+            addr_of_mut!((*s).lender).write(lender);
+            addr_of_mut!((*s).present).write(src.present);
+            UniqueArc::assume_init(uninit)
         }
     }
 
