@@ -836,15 +836,11 @@ impl<V> Child<V> {
                 Child::N48(Arc::new(m))
             }
             Some(NodeMut::N48(n)) => {
-                let mut m = N256 {
-                    h: Header {
-                        bytes: std::mem::take(&mut n.h.bytes),
-                        watch: LazyWatch::new(),
-                    },
-                    terminal: n.terminal.take(),
-                    len: n.len as u16,
-                    slots: Slots256::new(),
+                let h = Header {
+                    bytes: std::mem::take(&mut n.h.bytes),
+                    watch: LazyWatch::new(),
                 };
+                let mut m = Slots256::new_node(h, n.terminal.take(), n.len as u16);
                 for b in 0..=255u8 {
                     let s = n.index[b as usize];
                     if s != 0 {
@@ -853,7 +849,7 @@ impl<V> Child<V> {
                         }
                     }
                 }
-                Child::N256(Arc::new(m))
+                Child::N256(m.shareable())
             }
             _ => return,
         };

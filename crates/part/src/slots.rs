@@ -67,15 +67,6 @@ fn bit(b: u8) -> (usize, u64) {
 }
 
 impl<V> Slots256<V> {
-    pub(crate) fn new() -> Self {
-        Slots256 {
-            children: ManuallyDrop::new(std::array::from_fn(|_| None)),
-            borrowed: [0; 4],
-            lender: None,
-            present: [0; 4],
-        }
-    }
-
     /// An array owning each of `children`.
     pub(crate) fn from_array(children: [Option<Child<V>>; 256]) -> Self {
         let mut present = [0u64; 4];
@@ -178,6 +169,30 @@ impl<V> Slots256<V> {
             *o = s.clone();
         }
         out
+    }
+
+    /// An empty private node256, built in its own allocation (see
+    /// [`Slots256::new_borrowing`]).
+    pub(crate) fn new_node(h: Header, terminal: Option<Child<V>>, len: u16) -> UniqueArc<N256<V>> {
+        let mut uninit = UniqueArc::<N256<V>>::new_uninit();
+        let p = uninit.as_mut_ptr().cast::<N256<V>>();
+        // SAFETY: `p` points to an allocation for an `N256` that nothing else
+        // can reach; every field (each of the 256 slots included) is written
+        // exactly once before `assume_init`, and nothing here can unwind.
+        unsafe {
+            addr_of_mut!((*p).h).write(h);
+            addr_of_mut!((*p).terminal).write(terminal);
+            addr_of_mut!((*p).len).write(len);
+            let s = addr_of_mut!((*p).slots);
+            let children = addr_of_mut!((*s).children).cast::<Option<Child<V>>>();
+            for i in 0..256 {
+                children.add(i).write(None);
+            }
+            addr_of_mut!((*s).borrowed).write([0; 4]);
+            addr_of_mut!((*s).lender).write(None);
+            addr_of_mut!((*s).present).write([0; 4]);
+            UniqueArc::assume_init(uninit)
+        }
     }
 
     /// A private node256 whose children are `base`'s, without a reference
