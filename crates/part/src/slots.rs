@@ -293,3 +293,77 @@ impl<V> Drop for Slots256<V> {
         crate::node::drop_slots256(self.for_drop(), owned);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Tree;
+
+    /// A tree whose root is a node256 over the one-byte keys `0..=255`.
+    fn wide() -> Tree<u32> {
+        let mut t = Tree::new().txn();
+        for b in 0..=255u8 {
+            t.insert(&[b], u32::from(b)).unwrap();
+        }
+        t.commit()
+    }
+
+    fn root(t: &Tree<u32>) -> &Arc<N256<u32>> {
+        match &t.root {
+            Child::N256(n) => n,
+            _ => panic!("the root is not a flat node256"),
+        }
+    }
+
+    fn borrowed(t: &Tree<u32>) -> u32 {
+        root(t).slots.borrowed.iter().map(|w| w.count_ones()).sum()
+    }
+
+    fn rewrite(t: &Tree<u32>, keys: std::ops::Range<u16>, add: u32) -> Tree<u32> {
+        let mut txn = t.txn();
+        for b in keys {
+            txn.insert(&[b as u8], u32::from(b) + add).unwrap();
+        }
+        txn.commit()
+    }
+
+    #[test]
+    fn the_lender_is_released_once_every_slot_is_rewritten() {
+        let t0 = wide();
+        let t1 = rewrite(&t0, 0..256, 1000);
+        assert!(root(&t1).slots.lender.is_none());
+        assert_eq!(borrowed(&t1), 0);
+        // Only `t0` holds its root again.
+        assert_eq!(Arc::count(root(&t0)), 1);
+        assert_eq!((t0.get(&[7]), t1.get(&[7])), (Some(&7), Some(&1007)));
+    }
+
+    #[test]
+    fn a_partial_rewrite_borrows_the_rest_and_lenders_never_chain() {
+        let t0 = wide();
+        // More than a delta holds: the delta is flattened into a borrowing node.
+        let t1 = rewrite(&t0, 0..20, 1000);
+        assert_eq!(borrowed(&t1), 236);
+        let lender = root(&t1).slots.lender.clone().unwrap();
+        assert!(Arc::ptr_eq(&lender, root(&t0)));
+        // A delta over the borrowing node is flattened by borrowing from
+        // `t0`'s root directly, and the slots `t1` owns get references.
+        let t2 = rewrite(&t1, 100..130, 2000);
+        assert_eq!(borrowed(&t2), 206);
+        assert!(Arc::ptr_eq(
+            root(&t2).slots.lender.as_ref().unwrap(),
+            root(&t0)
+        ));
+        drop(lender);
+        drop((t0, t1));
+        crate::check::check(&t2).unwrap();
+        for b in 0..=255u8 {
+            let want = match b {
+                0..20 => 1000,
+                100..130 => 2000,
+                _ => 0,
+            } + u32::from(b);
+            assert_eq!(t2.get(&[b]), Some(&want));
+        }
+    }
+}

@@ -3,7 +3,8 @@
 //! the table size (the suite's `WriteTxn_1` on 1000 objects), in a fresh
 //! process, for profilers.
 //!
-//! `cargo run --release -p statedb --example single_writes -- [TXNS] [OBJECTS] [seq] [ROWS]`
+//! `cargo run --release -p statedb --example single_writes -- [TXNS] [OBJECTS] [seq|new] [ROWS]`
+//! (`new`: every row is a new object, ids counting up from `OBJECTS`)
 //! (`ROWS` per transaction, default 1)
 
 // The benchmark suite's fixtures: `TestObject`, tables, `fill`.
@@ -22,6 +23,9 @@ fn main() {
     let txns: u64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(200_000);
     let objects: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(100_000);
     let seq = args.get(2).is_some_and(|s| s == "seq");
+    // `new`: ids OBJECTS, OBJECTS + 1, ...: every row is a new object (the
+    // PropagationDelay writers' transactions).
+    let fresh = args.get(2).is_some_and(|s| s == "new");
     let batch: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
     // INLINE_FREE=1: no background thread; each commit frees what it superseded.
     let db = Db::with_options(if std::env::var_os("INLINE_FREE").is_some() {
@@ -41,7 +45,9 @@ fn main() {
         x ^= x << 17;
         let mut w = db.write_txn(&[table]).expect("table is in the db");
         for j in 0..batch {
-            let id = if seq {
+            let id = if fresh {
+                objects + i * batch + j
+            } else if seq {
                 (i * batch + j) % objects
             } else {
                 (x + j) % objects
