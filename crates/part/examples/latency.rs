@@ -38,8 +38,15 @@ fn chase(mib: usize) -> f64 {
 }
 
 fn main() {
-    let sizes: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
-    let sizes = if sizes.is_empty() { vec![1, 4, 8, 32] } else { sizes };
+    let sizes: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let sizes = if sizes.is_empty() {
+        vec![1, 4, 8, 32]
+    } else {
+        sizes
+    };
     for mib in sizes {
         println!("{mib:>4} MiB: {:.1} ns per dependent load", chase(mib));
     }

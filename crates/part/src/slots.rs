@@ -248,14 +248,18 @@ impl<V> Slots256<V> {
     }
 
     /// Forgets every borrowed copy (the slots become empty) and returns the
-    /// array, now holding only owned children: for dropping.
+    /// array, now holding only owned children: for dropping. The caller may
+    /// empty slots directly, so afterwards `present` is only a superset of
+    /// the occupied slots (enough for `Drop`, which skips empty ones).
     pub(crate) fn for_drop(&mut self) -> &mut [Option<Child<V>>; 256] {
         if self.lender.is_some() {
             let children = &mut self.children;
             each_bit(self.borrowed, |i| forget(children[i].take()));
+            for (p, b) in self.present.iter_mut().zip(self.borrowed) {
+                *p &= !b;
+            }
             self.borrowed = [0; 4];
         }
-        self.present = [0; 4];
         &mut self.children
     }
 

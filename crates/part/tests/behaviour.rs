@@ -341,3 +341,67 @@ fn snapshots_are_send_and_sync() {
     send::<part::Txn<u32>>();
     send::<part::Changed>();
 }
+
+/// A value that counts its live copies.
+struct Counted(Arc<std::sync::atomic::AtomicIsize>);
+
+impl Counted {
+    fn new(live: &Arc<std::sync::atomic::AtomicIsize>) -> Self {
+        live.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Counted(live.clone())
+    }
+}
+
+impl Clone for Counted {
+    fn clone(&self) -> Self {
+        Counted::new(&self.0)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Regression: a tree nested deeper than the drop recursion limit (64) is
+/// taken apart through a work list. A node256 there, plain or borrowing
+/// from an older version, must still drop every child it owns (its
+/// occupied-slot bitmap was cleared too early, leaking them).
+#[test]
+fn deep_trees_of_node256s_drop_every_value() {
+    let live = Arc::new(std::sync::atomic::AtomicIsize::new(0));
+    {
+        // 80 levels; each holds 60 leaves (a node256) and the next level
+        // under byte 0.
+        let key = |depth: usize, b: u8| {
+            let mut k = vec![0u8; depth];
+            k.push(b);
+            k
+        };
+        let mut txn = Tree::new().txn();
+        for depth in 0..80 {
+            for b in 1..=60u8 {
+                txn.insert(&key(depth, b), Counted::new(&live)).unwrap();
+            }
+        }
+        let t0 = txn.commit();
+        // Rewrite 20 keys per level: each level's node256 is flattened into
+        // one that borrows from `t0`'s.
+        let mut txn = t0.txn();
+        for depth in 0..80 {
+            for b in 1..=20u8 {
+                txn.insert(&key(depth, b), Counted::new(&live)).unwrap();
+            }
+        }
+        let t1 = txn.commit();
+        check(&t1).unwrap();
+        assert_eq!(live.load(std::sync::atomic::Ordering::Relaxed), 80 * 80);
+        // `t1`'s node256s still borrow from `t0`'s, which therefore keep
+        // the 20 replaced values per level alive (one older version at most).
+        drop(t0);
+        assert_eq!(live.load(std::sync::atomic::Ordering::Relaxed), 80 * 80);
+        drop(t1);
+    }
+    assert_eq!(live.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
