@@ -227,6 +227,7 @@ impl<T, K> Index<T, K> {
         out
     }
 
+    #[inline]
     fn expand_query(&self, layout: KeyLayout, plain: &[u8], terminated: bool, out: &mut Vec<u8>) {
         if self.is_unique() {
             expand(layout, plain, out);
@@ -243,12 +244,34 @@ impl<T, K> Index<T, K> {
         K: Borrow<Q>,
         Q: Key + ?Sized,
     {
+        // A unique key is stored as encoded (bytes layout) or as its
+        // nibbles: a short one is built on the stack.
+        let stored_as_encoded = layout == KeyLayout::Bytes && self.is_unique();
+        if self.is_unique() {
+            let mut buf = [0u8; 16];
+            if let Some(n) = q.encode_fixed(&mut buf) {
+                return match layout {
+                    KeyLayout::Bytes => f(&buf[..n]),
+                    KeyLayout::Nibbles => {
+                        let mut nibbles = [0u8; 32];
+                        for (i, &b) in buf[..n].iter().enumerate() {
+                            nibbles[2 * i] = b >> 4;
+                            nibbles[2 * i + 1] = b & 0xf;
+                        }
+                        f(&nibbles[..2 * n])
+                    }
+                };
+            }
+        }
         SCRATCH.with(|cell| match cell.try_borrow_mut() {
             Ok(mut bufs) => {
                 let (raw, out) = &mut *bufs;
                 raw.clear();
-                out.clear();
                 q.encode(raw);
+                if stored_as_encoded {
+                    return f(raw);
+                }
+                out.clear();
                 self.expand_query(layout, raw, true, out);
                 f(out)
             }

@@ -36,12 +36,29 @@ pub trait Key {
         escape_nonunique(&tmp, out);
     }
 
+    /// Writes the encoding into `buf` and returns its length, when it fits
+    /// in 16 bytes and needs no allocation (fixed-width keys, short strings
+    /// and byte strings); `None` otherwise. Point lookups then skip the
+    /// per-thread scratch buffer. Must agree with [`Key::encode`].
+    #[inline]
+    fn encode_fixed(&self, buf: &mut [u8; 16]) -> Option<usize> {
+        let _ = buf;
+        None
+    }
+
     /// The encoding as a fresh vector.
     fn to_key(&self) -> Vec<u8> {
         let mut v = Vec::new();
         self.encode(&mut v);
         v
     }
+}
+
+/// `bytes` in `buf` when they fit.
+#[inline(always)]
+fn fixed(bytes: &[u8], buf: &mut [u8; 16]) -> Option<usize> {
+    buf.get_mut(..bytes.len())?.copy_from_slice(bytes);
+    Some(bytes.len())
 }
 
 /// Appends `key` escaped (0x00 as 0x00 0xff) and terminated (0x00 0x00).
@@ -142,6 +159,10 @@ macro_rules! unsigned {
             fn encode_nested(&self, out: &mut Vec<u8>) {
                 self.encode(out)
             }
+            #[inline]
+            fn encode_fixed(&self, buf: &mut [u8; 16]) -> Option<usize> {
+                fixed(&self.to_be_bytes(), buf)
+            }
         }
     )*};
 }
@@ -159,6 +180,11 @@ macro_rules! signed {
             fn encode_nested(&self, out: &mut Vec<u8>) {
                 self.encode(out)
             }
+            #[inline]
+            fn encode_fixed(&self, buf: &mut [u8; 16]) -> Option<usize> {
+                let flipped = (*self as $u) ^ (1 << (<$u>::BITS - 1));
+                fixed(&flipped.to_be_bytes(), buf)
+            }
         }
     )*};
 }
@@ -167,6 +193,9 @@ signed!(i8 => u8, i16 => u16, i32 => u32, i64 => u64, i128 => u128);
 impl Key for usize {
     fn encode(&self, out: &mut Vec<u8>) {
         (*self as u64).encode(out)
+    }
+    fn encode_fixed(&self, buf: &mut [u8; 16]) -> Option<usize> {
+        (*self as u64).encode_fixed(buf)
     }
     fn encode_nested(&self, out: &mut Vec<u8>) {
         self.encode(out)
@@ -195,11 +224,17 @@ impl Key for str {
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self.as_bytes());
     }
+    fn encode_fixed(&self, buf: &mut [u8; 16]) -> Option<usize> {
+        fixed(self.as_bytes(), buf)
+    }
 }
 
 impl Key for String {
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self.as_bytes());
+    }
+    fn encode_fixed(&self, buf: &mut [u8; 16]) -> Option<usize> {
+        fixed(self.as_bytes(), buf)
     }
 }
 
@@ -207,11 +242,17 @@ impl Key for [u8] {
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self);
     }
+    fn encode_fixed(&self, buf: &mut [u8; 16]) -> Option<usize> {
+        fixed(self, buf)
+    }
 }
 
 impl Key for Vec<u8> {
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self);
+    }
+    fn encode_fixed(&self, buf: &mut [u8; 16]) -> Option<usize> {
+        fixed(self, buf)
     }
 }
 
@@ -222,6 +263,9 @@ impl<const N: usize> Key for [u8; N] {
     fn encode_nested(&self, out: &mut Vec<u8>) {
         self.encode(out)
     }
+    fn encode_fixed(&self, buf: &mut [u8; 16]) -> Option<usize> {
+        fixed(self, buf)
+    }
 }
 
 impl<T: Key + ?Sized> Key for &T {
@@ -230,6 +274,9 @@ impl<T: Key + ?Sized> Key for &T {
     }
     fn encode_nested(&self, out: &mut Vec<u8>) {
         (**self).encode_nested(out)
+    }
+    fn encode_fixed(&self, buf: &mut [u8; 16]) -> Option<usize> {
+        (**self).encode_fixed(buf)
     }
 }
 
@@ -240,6 +287,9 @@ impl Key for Ipv4Addr {
     fn encode_nested(&self, out: &mut Vec<u8>) {
         self.encode(out)
     }
+    fn encode_fixed(&self, buf: &mut [u8; 16]) -> Option<usize> {
+        fixed(&self.octets(), buf)
+    }
 }
 
 impl Key for Ipv6Addr {
@@ -248,6 +298,9 @@ impl Key for Ipv6Addr {
     }
     fn encode_nested(&self, out: &mut Vec<u8>) {
         self.encode(out)
+    }
+    fn encode_fixed(&self, buf: &mut [u8; 16]) -> Option<usize> {
+        fixed(&self.octets(), buf)
     }
 }
 
@@ -362,6 +415,41 @@ mod tests {
 
     fn enc<K: Key>(k: K) -> Vec<u8> {
         k.to_key()
+    }
+
+    /// `encode_fixed` when it answers, and `None` only when it may.
+    fn fixed_agrees<K: Key + ?Sized>(k: &K, must_fit: bool) {
+        let mut buf = [0xaau8; 16];
+        match k.encode_fixed(&mut buf) {
+            Some(n) => assert_eq!(&buf[..n], k.to_key().as_slice()),
+            None => assert!(!must_fit && (k.to_key().len() > 16 || k.to_key().is_empty())),
+        }
+    }
+
+    #[test]
+    fn fixed_encodings_agree_with_encode() {
+        for v in [i64::MIN, -1, 0, 1, i64::MAX] {
+            fixed_agrees(&v, true);
+            fixed_agrees(&(v as i8), true);
+            fixed_agrees(&(v as i128), true);
+            fixed_agrees(&(v as u64), true);
+            fixed_agrees(&(v as u16), true);
+            fixed_agrees(&(v as usize), true);
+            fixed_agrees(&(v as u128), true);
+        }
+        for s in ["", "a", "sixteen-bytes-ok", "seventeen-bytes-x"] {
+            fixed_agrees(s, s.len() <= 16);
+            fixed_agrees(&s.to_string(), s.len() <= 16);
+            fixed_agrees(s.as_bytes(), s.len() <= 16);
+            fixed_agrees(&s.as_bytes().to_vec(), s.len() <= 16);
+        }
+        fixed_agrees(&[1u8, 2, 3], true);
+        fixed_agrees(&Ipv4Addr::new(10, 0, 0, 1), true);
+        fixed_agrees(&"fe80::1".parse::<Ipv6Addr>().unwrap(), true);
+        // Keys without a fixed form fall back to `encode`.
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        assert_eq!(ip.encode_fixed(&mut [0; 16]), None);
+        assert_eq!((1u8, 2u8).encode_fixed(&mut [0; 16]), None);
     }
 
     #[test]
