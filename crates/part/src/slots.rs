@@ -61,6 +61,41 @@ pub(crate) fn each_bit(bits: [u64; 4], mut f: impl FnMut(usize)) {
     }
 }
 
+/// A node256 allocated and written in place; `fill` writes the 256 child
+/// slots it is given a pointer to.
+///
+/// # Safety
+///
+/// `fill` must initialise every slot without unwinding, and `borrowed`,
+/// `lender` and `present` must describe the slots as the module invariants
+/// say.
+unsafe fn alloc_node<V>(
+    h: Header,
+    terminal: Option<Child<V>>,
+    len: u16,
+    borrowed: [u64; 4],
+    lender: Option<Arc<N256<V>>>,
+    present: [u64; 4],
+    fill: impl FnOnce(*mut Option<Child<V>>),
+) -> UniqueArc<N256<V>> {
+    let mut uninit = UniqueArc::<N256<V>>::new_uninit();
+    let p = uninit.as_mut_ptr().cast::<N256<V>>();
+    // SAFETY: `p` points to an allocation for an `N256` that nothing else can
+    // reach; each field is written exactly once (the child array by `fill`,
+    // as the caller promises) before `assume_init`.
+    unsafe {
+        addr_of_mut!((*p).h).write(h);
+        addr_of_mut!((*p).terminal).write(terminal);
+        addr_of_mut!((*p).len).write(len);
+        let s = addr_of_mut!((*p).slots);
+        fill(addr_of_mut!((*s).children).cast::<Option<Child<V>>>());
+        addr_of_mut!((*s).borrowed).write(borrowed);
+        addr_of_mut!((*s).lender).write(lender);
+        addr_of_mut!((*s).present).write(present);
+        UniqueArc::assume_init(uninit)
+    }
+}
+
 #[inline(always)]
 fn bit(b: u8) -> (usize, u64) {
     ((b >> 6) as usize, 1u64 << (b & 63))
@@ -174,24 +209,14 @@ impl<V> Slots256<V> {
     /// An empty private node256, built in its own allocation (see
     /// [`Slots256::new_borrowing`]).
     pub(crate) fn new_node(h: Header, terminal: Option<Child<V>>, len: u16) -> UniqueArc<N256<V>> {
-        let mut uninit = UniqueArc::<N256<V>>::new_uninit();
-        let p = uninit.as_mut_ptr().cast::<N256<V>>();
-        // SAFETY: `p` points to an allocation for an `N256` that nothing else
-        // can reach; every field (each of the 256 slots included) is written
-        // exactly once before `assume_init`, and nothing here can unwind.
+        // SAFETY: every slot is written (empty), and an array with no
+        // children borrows nothing.
         unsafe {
-            addr_of_mut!((*p).h).write(h);
-            addr_of_mut!((*p).terminal).write(terminal);
-            addr_of_mut!((*p).len).write(len);
-            let s = addr_of_mut!((*p).slots);
-            let children = addr_of_mut!((*s).children).cast::<Option<Child<V>>>();
-            for i in 0..256 {
-                children.add(i).write(None);
-            }
-            addr_of_mut!((*s).borrowed).write([0; 4]);
-            addr_of_mut!((*s).lender).write(None);
-            addr_of_mut!((*s).present).write([0; 4]);
-            UniqueArc::assume_init(uninit)
+            alloc_node(h, terminal, len, [0; 4], None, [0; 4], |children| {
+                for i in 0..256 {
+                    children.add(i).write(None);
+                }
+            })
         }
     }
 
@@ -222,28 +247,24 @@ impl<V> Slots256<V> {
                 (src.borrowed, Some(lender.clone()))
             }
         };
-        let mut uninit = UniqueArc::<N256<V>>::new_uninit();
-        let p = uninit.as_mut_ptr().cast::<N256<V>>();
-        // SAFETY: `p` points to an allocation for an `N256` that nothing else
-        // can reach; every field is written exactly once before
-        // `assume_init`, and nothing here can unwind in between. The child
-        // array is a bitwise copy of `base`'s: each non-empty copy is either
-        // marked borrowed, with `lender` (a reference on its owner, `base` or
-        // `base`'s lender) keeping it alive and immutable while it is never
-        // dropped (module invariants), or was given a reference of its own
-        // above. The counts therefore stay exact.
+        // SAFETY: the child array is a bitwise copy of `base`'s. Each
+        // non-empty copy is either marked borrowed, with `lender` (a
+        // reference on its owner, `base` or `base`'s lender) keeping it alive
+        // and immutable while it is never dropped (module invariants), or
+        // was given a reference of its own above; `present` is `base`'s. The
+        // counts therefore stay exact.
         unsafe {
-            addr_of_mut!((*p).h).write(h);
-            addr_of_mut!((*p).terminal).write(terminal);
-            addr_of_mut!((*p).len).write(len);
-            let s = addr_of_mut!((*p).slots);
-            addr_of_mut!((*s).children)
-                .cast::<Option<Child<V>>>()
-                .copy_from_nonoverlapping(src.children.as_ptr(), 256);
-            addr_of_mut!((*s).borrowed).write(borrowed);
-            addr_of_mut!((*s).lender).write(lender);
-            addr_of_mut!((*s).present).write(src.present);
-            UniqueArc::assume_init(uninit)
+            alloc_node(
+                h,
+                terminal,
+                len,
+                borrowed,
+                lender,
+                src.present,
+                |children| {
+                    children.copy_from_nonoverlapping(src.children.as_ptr(), 256);
+                },
+            )
         }
     }
 
