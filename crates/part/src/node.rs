@@ -693,13 +693,19 @@ impl<V> Child<V> {
         }
     }
 
-    /// Puts `new` in place of the child under `b`, which this private node
-    /// borrows ([`Child::borrows_child`]); the old child stays with its owner.
-    pub(crate) fn replace_borrowed(&mut self, b: u8, new: Child<V>) {
+    /// Stores `c` (a replacement, or `None` to unlink) under `b`, whose
+    /// child this private node borrows ([`Child::borrows_child`]); the old
+    /// child stays with its owner.
+    pub(crate) fn replace_borrowed(&mut self, b: u8, c: Option<Child<V>>) {
+        let unlink = c.is_none();
         match self.get_mut() {
-            Some(NodeMut::N256(n)) => n.slots.put(b, Some(new)),
+            Some(NodeMut::N256(n)) => {
+                n.len -= u16::from(unlink);
+                n.slots.put(b, c);
+            }
             Some(NodeMut::D256(d)) => {
-                d.push_patch(b, Some(new));
+                d.len -= u16::from(unlink);
+                d.push_patch(b, c);
             }
             _ => {}
         }
@@ -715,29 +721,18 @@ impl<V> Child<V> {
         V: Clone,
     {
         self.room_for_patch(b);
-        let out = match self.get_mut()? {
-            NodeMut::N256(n) if n.slots.is_borrowed(b) => {
-                let c = n.slots.get(b)?;
-                let out = (c.leaf_value()?.clone(), keep.then(|| c.clone()));
-                n.slots.put(b, None);
-                n.len -= 1;
-                out
-            }
-            NodeMut::D256(d) if !d.is_patched(b) => {
-                let c = d.base.slots.get(b)?;
-                let out = (c.leaf_value()?.clone(), keep.then(|| c.clone()));
-                d.push_patch(b, None);
-                d.len -= 1;
-                out
-            }
-            n => {
-                let c = n.remove_child(b)?;
-                let value = match c.leaf_value() {
-                    Some(v) => v.clone(),
-                    None => unreachable!("callers unlink leaves only"),
-                };
-                (value, Some(c))
-            }
+        let out = if self.borrows_child(b) {
+            let c = self.find_child(b)?;
+            let out = (c.leaf_value()?.clone(), keep.then(|| c.clone()));
+            self.replace_borrowed(b, None);
+            out
+        } else {
+            let c = self.get_mut()?.remove_child(b)?;
+            let value = match c.leaf_value() {
+                Some(v) => v.clone(),
+                None => unreachable!("callers unlink leaves only"),
+            };
+            (value, Some(c))
         };
         self.maybe_shrink();
         Some(out)

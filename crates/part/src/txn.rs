@@ -224,7 +224,7 @@ impl<V: Clone> Txn<V> {
                         if let Some(g) = gone {
                             rec.nodes.push(g);
                         }
-                        slot.replace_borrowed(b, new);
+                        slot.replace_borrowed(b, Some(new));
                         return Ok(Some(old));
                     }
                 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 
 use smallvec::SmallVec;
 
-use crate::key::{expand, expand_escaped, Key, KeyLayout};
+use crate::key::{expand, expand_escaped, expand_fixed, Key, KeyLayout};
 
 /// The encoded keys of one object in one index: one buffer, end offsets.
 #[derive(Default, Debug, Clone)]
@@ -244,23 +244,12 @@ impl<T, K> Index<T, K> {
         K: Borrow<Q>,
         Q: Key + ?Sized,
     {
-        // A unique key is stored as encoded (bytes layout) or as its
-        // nibbles: a short one is built on the stack.
-        let stored_as_encoded = layout == KeyLayout::Bytes && self.is_unique();
+        // A short key of a unique index is stored as `expand` makes it: build
+        // it on the stack.
         if self.is_unique() {
             let mut buf = [0u8; 16];
             if let Some(n) = q.encode_fixed(&mut buf) {
-                return match layout {
-                    KeyLayout::Bytes => f(&buf[..n]),
-                    KeyLayout::Nibbles => {
-                        let mut nibbles = [0u8; 32];
-                        for (i, &b) in buf[..n].iter().enumerate() {
-                            nibbles[2 * i] = b >> 4;
-                            nibbles[2 * i + 1] = b & 0xf;
-                        }
-                        f(&nibbles[..2 * n])
-                    }
-                };
+                return f(expand_fixed(layout, &buf[..n], &mut [0u8; 32]));
             }
         }
         SCRATCH.with(|cell| match cell.try_borrow_mut() {
@@ -268,7 +257,8 @@ impl<T, K> Index<T, K> {
                 let (raw, out) = &mut *bufs;
                 raw.clear();
                 q.encode(raw);
-                if stored_as_encoded {
+                // A unique key in the bytes layout is stored as encoded.
+                if layout == KeyLayout::Bytes && self.is_unique() {
                     return f(raw);
                 }
                 out.clear();
