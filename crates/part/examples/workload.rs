@@ -30,7 +30,8 @@ fn big_and_order() -> &'static (Tree<u64>, Vec<u64>) {
     })
 }
 
-fn main() {
+/// Runs the workload named by the first argument.
+pub fn main() {
     let mut args = std::env::args().skip(1);
     let what = args.next().unwrap_or_else(|| "insert".into());
     let reps: u32 = args.next().and_then(|s| s.parse().ok()).unwrap_or(100);

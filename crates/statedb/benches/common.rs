@@ -25,11 +25,21 @@ pub(crate) fn new_db(secondary: bool) -> Bench {
 
 pub(crate) fn new_db_layout(secondary: bool, key_layout: KeyLayout) -> Bench {
     new_db_with(
-        &Db::with_options(DbOptions::default()),
+        &Db::with_options(env_db_options()),
         "test",
         secondary,
         key_layout,
     )
+}
+
+/// `STATEDB_BENCH_INLINE_FREE=1`: no background collector; each commit
+/// frees what it superseded.
+pub(crate) fn env_db_options() -> DbOptions {
+    if std::env::var_os("STATEDB_BENCH_INLINE_FREE").is_some() {
+        DbOptions { gc_interval: None }
+    } else {
+        DbOptions::default()
+    }
 }
 
 pub(crate) fn new_db_named(db: &Db, name: &str, secondary: bool) -> Bench {

@@ -27,6 +27,7 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
     let b = Arc::new(new_db_layout(false, env_layout()));
     fill(&b, OBJECTS);
     let barrier = Arc::new(Barrier::new(threads));
+    let write_pct = write_pct();
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let (b, barrier) = (b.clone(), barrier.clone());
@@ -42,7 +43,7 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                 let mut t0 = start;
                 loop {
                     let id = rng.gen_range(0..OBJECTS);
-                    if rng.gen_ratio(5, 100) {
+                    if rng.gen_ratio(write_pct, 100) {
                         let mut w = b.db.write_txn(&[&b.table]).unwrap();
                         b.table.insert(&mut w, obj(id)).unwrap();
                         w.commit().unwrap();
@@ -73,6 +74,15 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
     }
     all.sort_unstable();
     (total, per_cpu, pct(&all, 0.5), pct(&all, 0.99))
+}
+
+/// `STATEDB_BENCH_WRITE_PCT` (default 5): the share of write transactions.
+fn write_pct() -> u32 {
+    std::env::var("STATEDB_BENCH_WRITE_PCT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&p| p <= 100)
+        .unwrap_or(5)
 }
 
 fn main() {

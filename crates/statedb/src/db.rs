@@ -428,7 +428,7 @@ impl DbInner {
         let mut done: SmallVec<[(usize, Finished); 4]> = SmallVec::new();
         for (i, l) in locked.iter_mut().enumerate() {
             if let Some(s) = l.state.take() {
-                done.push((i, s.finish()));
+                done.push((i, s.finish(&mut l.guard)));
             }
         }
         let (roots, old) = if done.is_empty() {
@@ -444,13 +444,18 @@ impl DbInner {
             (roots, Some(old))
         };
         let released = Instant::now();
-        let metas: SmallVec<[Arc<TableMeta>; 4]> = locked.iter().map(|l| l.meta.clone()).collect();
+        let took = released - start;
+        // Figures first, while the locks are held (see `metrics.rs`).
+        for (i, f) in done.iter() {
+            locked[*i]
+                .meta
+                .metrics
+                .committed(took, f.objects, f.revision, f.graveyard);
+        }
         for l in locked.drain(..) {
             l.meta.metrics.lock_held(released - l.acquired);
         }
-        let mut figures: SmallVec<[(usize, usize, Revision, usize); 4]> = SmallVec::new();
-        for (i, f) in done {
-            figures.push((i, f.objects, f.revision, f.graveyard));
+        for (_, f) in done {
             drop(f.notify);
         }
         // The transaction's snapshot now reads the committed state; its old
@@ -459,12 +464,6 @@ impl DbInner {
         drop(old_base);
         if let Some(old) = old {
             db.retire(old);
-        }
-        let took = released - start;
-        for (i, objects, revision, graveyard) in figures {
-            metas[i]
-                .metrics
-                .committed(took, objects, revision, graveyard);
         }
         roots
     }

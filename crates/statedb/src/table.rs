@@ -33,6 +33,19 @@ pub struct WriterState {
     /// Change-stream consumers (dropped ones fail to upgrade).
     pub(crate) trackers: Vec<Weak<Tracker>>,
     pub(crate) next_init_id: u64,
+    /// Key buffers a write transaction borrows and gives back at commit, so
+    /// a small transaction allocates none.
+    pub(crate) keys: KeyScratch,
+}
+
+/// The key-encoding buffers of a table's write transaction.
+#[derive(Default)]
+pub(crate) struct KeyScratch {
+    new_keys: Vec<KeyBuf>,
+    old_keys: KeyBuf,
+    /// The stored primary key of the object being written.
+    pk: Vec<u8>,
+    scratch: Vec<u8>,
 }
 
 impl WriterState {
@@ -258,7 +271,8 @@ pub(crate) struct Finished {
 pub(crate) trait TableTxnDyn: Send {
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
-    fn finish(self: Box<Self>) -> Finished;
+    /// Builds the table's new root; hands the key buffers back to `ws`.
+    fn finish(self: Box<Self>, ws: &mut WriterState) -> Finished;
 }
 
 impl<T: Storable> TableTxnDyn for TableTxn<T> {
@@ -268,8 +282,14 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
-    fn finish(self: Box<Self>) -> Finished {
-        let me = *self;
+    fn finish(self: Box<Self>, ws: &mut WriterState) -> Finished {
+        let mut me = *self;
+        ws.keys = KeyScratch {
+            new_keys: std::mem::take(&mut me.new_keys),
+            old_keys: std::mem::take(&mut me.old_keys),
+            pk: std::mem::take(&mut me.pk),
+            scratch: std::mem::take(&mut me.scratch),
+        };
         let mut notify = TableNotifier::<T> {
             trees: SmallVec::new(),
             init: None,
@@ -343,7 +363,11 @@ fn stored<'b>(
 }
 
 impl<T: Storable> TableTxn<T> {
-    pub(crate) fn new(root: &TableRoot<T>, track_deletes: bool, layout: KeyLayout) -> Self {
+    pub(crate) fn new(root: &TableRoot<T>, ws: &mut WriterState, layout: KeyLayout) -> Self {
+        let track_deletes = ws.has_trackers();
+        let mut keys = std::mem::take(&mut ws.keys);
+        keys.new_keys
+            .resize_with(root.indexes.len(), KeyBuf::default);
         TableTxn {
             indexes: root.indexes.iter().map(|t| t.txn()).collect(),
             revisions: root.revisions.txn(),
@@ -352,11 +376,11 @@ impl<T: Storable> TableTxn<T> {
             init: root.init.txn(),
             pending: root.pending.clone(),
             track_deletes,
-            new_keys: vec![KeyBuf::default(); root.indexes.len()],
-            old_keys: KeyBuf::default(),
-            pk: Vec::new(),
+            new_keys: keys.new_keys,
+            old_keys: keys.old_keys,
+            pk: keys.pk,
             layout,
-            scratch: Vec::new(),
+            scratch: keys.scratch,
         }
     }
 

@@ -184,9 +184,9 @@ impl WriteTxn {
     fn ensure_state<T: Storable>(&mut self, i: usize) -> Result<()> {
         if self.locked[i].state.is_none() {
             let root = root_of::<T>(self.db.uid, &self.base, &self.locked[i].meta)?;
-            let track = self.locked[i].guard.has_trackers();
-            let layout = self.locked[i].meta.layout;
-            self.locked[i].state = Some(Box::new(TableTxn::<T>::new(root, track, layout)));
+            let l = &mut self.locked[i];
+            let txn = TableTxn::<T>::new(root, &mut l.guard, l.meta.layout);
+            l.state = Some(Box::new(txn));
         }
         Ok(())
     }
@@ -252,13 +252,12 @@ impl WriteTxn {
 }
 
 fn state_cast<T: Storable>(locked: &mut [Locked], i: usize) -> Result<&mut TableTxn<T>> {
-    let name = &locked[i].meta.name;
-    let err = Error::TableNotLocked(name.clone());
-    locked[i]
-        .state
+    let l = &mut locked[i];
+    // The error is built only on failure: it clones the name.
+    l.state
         .as_mut()
         .and_then(|s| s.as_any_mut().downcast_mut::<TableTxn<T>>())
-        .ok_or(err)
+        .ok_or_else(|| Error::TableNotLocked(l.meta.name.clone()))
 }
 
 impl Drop for WriteTxn {

@@ -558,3 +558,39 @@ fn superseded_objects_are_freed() {
         }
     }
 }
+
+/// The timing figures are updated with plain loads and stores by the holder
+/// of the table's lock: concurrent writers (commits and aborts) must still
+/// be counted exactly.
+#[test]
+fn stats_count_every_concurrent_commit() {
+    let f = fixture();
+    let (threads, per) = (4u32, 300u32);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let f = &f;
+            s.spawn(move || {
+                for i in 0..per {
+                    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+                    let id = t * per + i;
+                    f.table
+                        .insert(&mut w, obj(id, &format!("n{id}"), &[], 0))
+                        .unwrap();
+                    if i % 10 == 9 {
+                        w.abort().unwrap();
+                    } else {
+                        w.commit().unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let s = f.db.stats();
+    let total = threads * per;
+    let aborted = threads * (per / 10);
+    assert_eq!(s[0].commit.0, u64::from(total - aborted));
+    assert_eq!(s[0].lock_wait.0, u64::from(total));
+    assert_eq!(s[0].lock_hold.0, u64::from(total));
+    assert_eq!(s[0].objects as u64, u64::from(total - aborted));
+    assert!(s[0].lock_hold.2 >= s[0].commit.2);
+}
