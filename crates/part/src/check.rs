@@ -6,7 +6,7 @@
 //! that node4/node16 keys are sorted and the node48 index is consistent, and
 //! that the tree's length equals its leaf count.
 
-use crate::node::{Child, N16_MIN, N256_MIN, N48_MIN};
+use crate::node::{Child, Kind, N16_MIN, N256_MIN, N48_MIN};
 use crate::Tree;
 
 /// Checks every structural invariant; returns a description of the first
@@ -35,21 +35,21 @@ pub(crate) fn check_root<V>(root: &Child<V>, len: usize) -> Result<(), String> {
                 return Err(format!("inner node at {path:?} has fewer than two entries"));
             }
         }
-        let (min, counted) = match n {
-            Child::Leaf(_) => return Err(format!("leaf on the inner-node stack at {path:?}")),
-            Child::N4(x) => {
+        let (min, counted) = match n.kind() {
+            Kind::Leaf(_) => return Err(format!("leaf on the inner-node stack at {path:?}")),
+            Kind::N4(x) => {
                 if !x.keys[..x.len as usize].windows(2).all(|w| w[0] < w[1]) {
                     return Err(format!("node4 keys unsorted at {path:?}"));
                 }
                 (0, x.children.iter().filter(|c| c.is_some()).count())
             }
-            Child::N16(x) => {
+            Kind::N16(x) => {
                 if !x.keys[..x.len as usize].windows(2).all(|w| w[0] < w[1]) {
                     return Err(format!("node16 keys unsorted at {path:?}"));
                 }
                 (N16_MIN, x.children.iter().filter(|c| c.is_some()).count())
             }
-            Child::N48(x) => {
+            Kind::N48(x) => {
                 let used = x.index.iter().filter(|&&s| s != 0).count();
                 for &s in x.index.iter().filter(|&&s| s != 0) {
                     if x.children[s as usize - 1].is_none() {
@@ -62,14 +62,14 @@ pub(crate) fn check_root<V>(root: &Child<V>, len: usize) -> Result<(), String> {
                 }
                 (N48_MIN, filled)
             }
-            Child::N256(x) => {
+            Kind::N256(x) => {
                 x.slots.check().map_err(|e| format!("{e} at {path:?}"))?;
                 (
                     N256_MIN,
                     x.slots.array().iter().filter(|c| c.is_some()).count(),
                 )
             }
-            Child::D256(x) => {
+            Kind::D256(x) => {
                 let bits: u32 = x.patched.iter().map(|w| w.count_ones()).sum();
                 let keys = &x.keys[..x.n as usize];
                 let distinct = keys.iter().collect::<std::collections::BTreeSet<_>>().len();
@@ -127,12 +127,12 @@ pub fn kinds<V>(tree: &Tree<V>) -> [usize; 5] {
     let mut out = [0usize; 5];
     let mut stack: Vec<&Child<V>> = vec![&tree.root];
     while let Some(n) = stack.pop() {
-        let i = match n {
-            Child::Leaf(_) => 0,
-            Child::N4(_) => 1,
-            Child::N16(_) => 2,
-            Child::N48(_) => 3,
-            Child::N256(_) | Child::D256(_) => 4,
+        let i = match n.kind() {
+            Kind::Leaf(_) => 0,
+            Kind::N4(_) => 1,
+            Kind::N16(_) => 2,
+            Kind::N48(_) => 3,
+            Kind::N256(_) | Kind::D256(_) => 4,
         };
         out[i] += 1;
         if let Some(t) = n.terminal() {

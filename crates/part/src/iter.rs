@@ -8,8 +8,7 @@
 
 use std::ops::Bound;
 
-use crate::node::{Bytes, Child, Leaf};
-use triomphe::Arc;
+use crate::node::{Bytes, Child, Kind, Leaf};
 
 /// Which keys a scan visits.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -444,10 +443,10 @@ impl<'a, V> Raw<&'a Child<V>> {
             return (&[], 0);
         };
         let node: &'a Child<V> = top.node;
-        let slots: &'a [Option<Child<V>>] = match node {
-            Child::N4(n) => &n.children[..n.len as usize],
-            Child::N16(n) => &n.children[..n.len as usize],
-            Child::N256(n) => n.slots.array(),
+        let slots: &'a [Option<Child<V>>] = match node.kind() {
+            Kind::N4(n) => &n.children[..n.len as usize],
+            Kind::N16(n) => &n.children[..n.len as usize],
+            Kind::N256(n) => n.slots.array(),
             _ => return (&[], 0),
         };
         let rest = slots.get(top.pos..).unwrap_or(&[]);
@@ -517,8 +516,8 @@ impl<'a, V> Iterator for Iter<'a, V> {
         if self.runs {
             let bounded = self.bounded;
             for slot in self.run.by_ref() {
-                match slot {
-                    Some(Child::Leaf(l)) => {
+                match slot.as_ref().map(|c| (c, c.kind())) {
+                    Some((_, Kind::Leaf(l))) => {
                         let key: &'a [u8] = &l.h.bytes;
                         if bounded && self.raw.past_end(key) {
                             self.run = [].iter();
@@ -527,7 +526,7 @@ impl<'a, V> Iterator for Iter<'a, V> {
                         }
                         return Some((key, &l.value));
                     }
-                    Some(inner) => {
+                    Some((inner, _)) => {
                         let pos = self.run_end - self.run.len();
                         self.run = [].iter();
                         self.raw.descend_from_run(pos, inner);
@@ -537,7 +536,7 @@ impl<'a, V> Iterator for Iter<'a, V> {
                 }
             }
         }
-        let Child::Leaf(l) = self.raw.next_leaf()? else {
+        let Kind::Leaf(l) = self.raw.next_leaf()?.kind() else {
             return None;
         };
         // The first leaf may still be a skipped key; runs start after it.
@@ -558,17 +557,24 @@ impl<V> std::fmt::Debug for Iter<'_, V> {
 
 /// One key and value held by an owning iterator; keeps its leaf alive.
 pub struct Entry<V> {
-    leaf: Arc<Leaf<V>>,
+    /// Always a leaf.
+    leaf: Child<V>,
 }
 
 impl<V> Entry<V> {
+    fn leaf(&self) -> &Leaf<V> {
+        match self.leaf.kind() {
+            Kind::Leaf(l) => l,
+            _ => unreachable!("an entry holds a leaf"),
+        }
+    }
     /// The key.
     pub fn key(&self) -> &[u8] {
-        &self.leaf.h.bytes
+        &self.leaf().h.bytes
     }
     /// The value.
     pub fn value(&self) -> &V {
-        &self.leaf.value
+        &self.leaf().value
     }
 }
 
@@ -606,10 +612,8 @@ impl<V> IntoIter<V> {
 impl<V> Iterator for IntoIter<V> {
     type Item = Entry<V>;
     fn next(&mut self) -> Option<Entry<V>> {
-        match self.raw.next_leaf()? {
-            Child::Leaf(leaf) => Some(Entry { leaf }),
-            _ => None,
-        }
+        let leaf = self.raw.next_leaf()?;
+        leaf.is_leaf().then_some(Entry { leaf })
     }
 }
 

@@ -1,16 +1,17 @@
 //! Node layout: leaves and the four inner kinds (node4, node16, node48, node256).
 //!
-//! A child pointer is a [`Child`]: a tag plus a `triomphe::Arc` to the node of
-//! that kind, so an inner node is a single allocation holding its header,
-//! its key index and its child array, and a lookup takes one dependent load
-//! per level. A leaf stores its whole key; an inner node stores only its
-//! compressed path segment, whose first byte is the byte its parent indexes
-//! it by (the root's segment is empty). A value whose key ends at an inner
-//! node is that node's `terminal` leaf, so it has a watch of its own.
+//! A child pointer is a [`Child`]: one word, the node's address with its
+//! kind in the low bits (`child.rs`), so an inner node is a single
+//! allocation holding its header, its key index and its child array, and a
+//! lookup takes one dependent load per level. A leaf stores its whole key;
+//! an inner node stores only its compressed path segment, whose first byte
+//! is the byte its parent indexes it by (the root's segment is empty). A
+//! value whose key ends at an inner node is that node's `terminal` leaf, so
+//! it has a watch of its own.
 
 use smallvec::SmallVec;
-use triomphe::Arc;
 
+pub(crate) use crate::child::{Child, Kind, NodeRc};
 use crate::lazy::LazyWatch;
 use crate::simd;
 use crate::slots::Slots256;
@@ -128,7 +129,7 @@ pub(crate) struct D256<V> {
     pub(crate) keys: [u8; D256_MAX],
     pub(crate) patches: [Option<Child<V>>; D256_MAX],
     /// Flat; its header and terminal are not used.
-    pub(crate) base: Arc<N256<V>>,
+    pub(crate) base: NodeRc<N256<V>>,
 }
 
 impl<V> D256<V> {
@@ -213,11 +214,14 @@ impl<V> D256<V> {
 
     /// A delta with no patches over `base`, for a transaction's write.
     #[inline(never)]
-    fn over(base: &Arc<N256<V>>) -> Child<V>
+    fn over(base: Option<NodeRc<N256<V>>>) -> Child<V>
     where
         V: Clone,
     {
-        Child::D256(Arc::new(D256 {
+        let Some(base) = base else {
+            unreachable!("a delta is made over a node256 only");
+        };
+        Child::new(NodeRc::new(D256 {
             h: base.h.copy(),
             terminal: base.terminal.clone(),
             len: base.len,
@@ -225,7 +229,7 @@ impl<V> D256<V> {
             patched: [0; 4],
             keys: [0; D256_MAX],
             patches: none_array(),
-            base: base.clone(),
+            base,
         }))
     }
 
@@ -234,7 +238,7 @@ impl<V> D256<V> {
     where
         V: Clone,
     {
-        Child::D256(Arc::new(D256 {
+        Child::new(NodeRc::new(D256 {
             h: self.h.copy(),
             terminal: self.terminal.clone(),
             len: self.len,
@@ -261,38 +265,18 @@ impl<V> D256<V> {
     }
 }
 
-/// A reference-counted pointer to a node of any kind.
-pub(crate) enum Child<V> {
-    Leaf(Arc<Leaf<V>>),
-    N4(Arc<N4<V>>),
-    N16(Arc<N16<V>>),
-    N48(Arc<N48<V>>),
-    N256(Arc<N256<V>>),
-    D256(Arc<D256<V>>),
-}
-
-impl<V> Clone for Child<V> {
-    #[inline(always)]
-    fn clone(&self) -> Self {
-        match self {
-            Child::Leaf(a) => Child::Leaf(a.clone()),
-            Child::N4(a) => Child::N4(a.clone()),
-            Child::N16(a) => Child::N16(a.clone()),
-            Child::N48(a) => Child::N48(a.clone()),
-            Child::N256(a) => Child::N256(a.clone()),
-            Child::D256(a) => Child::D256(a.clone()),
-        }
-    }
-}
-
-/// Exclusive access to a node the transaction owns.
+/// Exclusive access to a node the transaction owns. `repr(usize)` with the
+/// tags of `child.rs` as discriminants: a `Child` becomes one without a
+/// branch.
+#[repr(usize)]
+#[allow(dead_code, reason = "built by `Child::get_mut` from a tagged pointer")]
 pub(crate) enum NodeMut<'a, V> {
-    Leaf(&'a mut Leaf<V>),
-    N4(&'a mut N4<V>),
-    N16(&'a mut N16<V>),
-    N48(&'a mut N48<V>),
-    N256(&'a mut N256<V>),
-    D256(&'a mut D256<V>),
+    Leaf(&'a mut Leaf<V>) = 0,
+    N4(&'a mut N4<V>) = 1,
+    N16(&'a mut N16<V>) = 2,
+    N48(&'a mut N48<V>) = 3,
+    N256(&'a mut N256<V>) = 4,
+    D256(&'a mut D256<V>) = 5,
 }
 
 fn none_array<T, const N: usize>() -> [Option<T>; N] {
@@ -315,40 +299,40 @@ fn clone_slots<V, const N: usize>(
 
 macro_rules! each {
     ($self:expr, $n:ident => $e:expr) => {
-        match $self {
-            Child::Leaf($n) => $e,
-            Child::N4($n) => $e,
-            Child::N16($n) => $e,
-            Child::N48($n) => $e,
-            Child::N256($n) => $e,
-            Child::D256($n) => $e,
+        match $self.kind() {
+            Kind::Leaf($n) => $e,
+            Kind::N4($n) => $e,
+            Kind::N16($n) => $e,
+            Kind::N48($n) => $e,
+            Kind::N256($n) => $e,
+            Kind::D256($n) => $e,
         }
     };
 }
 
 macro_rules! each_inner {
     ($self:expr, $leaf:expr, $n:ident => $e:expr) => {
-        match $self {
-            Child::Leaf(_) => $leaf,
-            Child::N4($n) => $e,
-            Child::N16($n) => $e,
-            Child::N48($n) => $e,
-            Child::N256($n) => $e,
-            Child::D256($n) => $e,
+        match $self.kind() {
+            Kind::Leaf(_) => $leaf,
+            Kind::N4($n) => $e,
+            Kind::N16($n) => $e,
+            Kind::N48($n) => $e,
+            Kind::N256($n) => $e,
+            Kind::D256($n) => $e,
         }
     };
 }
 
 impl<V> Child<V> {
     pub(crate) fn leaf(key: &[u8], value: V) -> Self {
-        Child::Leaf(Arc::new(Leaf {
+        Child::new(NodeRc::new(Leaf {
             h: Header::new(key),
             value,
         }))
     }
 
     pub(crate) fn empty_inner(segment: &[u8]) -> Self {
-        Child::N4(Arc::new(N4 {
+        Child::new(NodeRc::new(N4 {
             h: Header::new(segment),
             terminal: None,
             len: 0,
@@ -368,46 +352,11 @@ impl<V> Child<V> {
     }
 
     #[inline(always)]
-    pub(crate) fn is_leaf(&self) -> bool {
-        matches!(self, Child::Leaf(_))
-    }
-
-    #[inline(always)]
     pub(crate) fn leaf_value(&self) -> Option<&V> {
-        match self {
-            Child::Leaf(l) => Some(&l.value),
+        match self.kind() {
+            Kind::Leaf(l) => Some(&l.value),
             _ => None,
         }
-    }
-
-    #[inline]
-    pub(crate) fn is_unique(&self) -> bool {
-        each!(self, n => n.is_unique())
-    }
-
-    pub(crate) fn ptr_eq(&self, other: &Child<V>) -> bool {
-        match (self, other) {
-            (Child::Leaf(a), Child::Leaf(b)) => Arc::ptr_eq(a, b),
-            (Child::N4(a), Child::N4(b)) => Arc::ptr_eq(a, b),
-            (Child::N16(a), Child::N16(b)) => Arc::ptr_eq(a, b),
-            (Child::N48(a), Child::N48(b)) => Arc::ptr_eq(a, b),
-            (Child::N256(a), Child::N256(b)) => Arc::ptr_eq(a, b),
-            (Child::D256(a), Child::D256(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        }
-    }
-
-    /// Exclusive access when nothing else shares the node.
-    #[inline]
-    pub(crate) fn get_mut(&mut self) -> Option<NodeMut<'_, V>> {
-        Some(match self {
-            Child::Leaf(a) => NodeMut::Leaf(Arc::get_mut(a)?),
-            Child::N4(a) => NodeMut::N4(Arc::get_mut(a)?),
-            Child::N16(a) => NodeMut::N16(Arc::get_mut(a)?),
-            Child::N48(a) => NodeMut::N48(Arc::get_mut(a)?),
-            Child::N256(a) => NodeMut::N256(Arc::get_mut(a)?),
-            Child::D256(a) => NodeMut::D256(Arc::get_mut(a)?),
-        })
     }
 
     #[inline]
@@ -423,9 +372,9 @@ impl<V> Child<V> {
 
     #[inline(always)]
     pub(crate) fn find_child(&self, b: u8) -> Option<&Child<V>> {
-        match self {
-            Child::Leaf(_) => None,
-            Child::N4(n) => {
+        match self.kind() {
+            Kind::Leaf(_) => None,
+            Kind::N4(n) => {
                 let len = n.len as usize;
                 let mut i = 0;
                 while i < len {
@@ -436,13 +385,13 @@ impl<V> Child<V> {
                 }
                 None
             }
-            Child::N16(n) => n.children[simd::find16(&n.keys, n.len as usize, b)?].as_ref(),
-            Child::N48(n) => match n.index[b as usize] {
+            Kind::N16(n) => n.children[simd::find16(&n.keys, n.len as usize, b)?].as_ref(),
+            Kind::N48(n) => match n.index[b as usize] {
                 0 => None,
                 s => n.children[s as usize - 1].as_ref(),
             },
-            Child::N256(n) => n.slots.get(b),
-            Child::D256(n) => n.get(b),
+            Kind::N256(n) => n.slots.get(b),
+            Kind::D256(n) => n.get(b),
         }
     }
 
@@ -450,74 +399,74 @@ impl<V> Child<V> {
     /// for node4/node16 and bytes for node48/node256), with that position.
     #[inline]
     pub(crate) fn next_child(&self, pos: usize) -> Option<(usize, &Child<V>)> {
-        match self {
-            Child::Leaf(_) => None,
-            Child::N4(n) => n.children[..n.len as usize]
+        match self.kind() {
+            Kind::Leaf(_) => None,
+            Kind::N4(n) => n.children[..n.len as usize]
                 .get(pos)
                 .and_then(Option::as_ref)
                 .map(|c| (pos, c)),
-            Child::N16(n) => n.children[..n.len as usize]
+            Kind::N16(n) => n.children[..n.len as usize]
                 .get(pos)
                 .and_then(Option::as_ref)
                 .map(|c| (pos, c)),
-            Child::N48(n) => (pos..256).find_map(|b| match n.index[b] {
+            Kind::N48(n) => (pos..256).find_map(|b| match n.index[b] {
                 0 => None,
                 s => n.children[s as usize - 1].as_ref().map(|c| (b, c)),
             }),
-            Child::N256(n) => n
+            Kind::N256(n) => n
                 .slots
                 .array()
                 .get(pos..)?
                 .iter()
                 .enumerate()
                 .find_map(|(i, c)| c.as_ref().map(|c| (pos + i, c))),
-            Child::D256(n) => n.next(pos),
+            Kind::D256(n) => n.next(pos),
         }
     }
 
     /// The child at the last position `<= pos`, with that position.
     #[inline]
     pub(crate) fn prev_child(&self, pos: usize) -> Option<(usize, &Child<V>)> {
-        match self {
-            Child::Leaf(_) => None,
-            Child::N4(n) => {
+        match self.kind() {
+            Kind::Leaf(_) => None,
+            Kind::N4(n) => {
                 let p = pos.min((n.len as usize).checked_sub(1)?);
                 n.children[p].as_ref().map(|c| (p, c))
             }
-            Child::N16(n) => {
+            Kind::N16(n) => {
                 let p = pos.min((n.len as usize).checked_sub(1)?);
                 n.children[p].as_ref().map(|c| (p, c))
             }
-            Child::N48(n) => (0..=pos.min(255)).rev().find_map(|b| match n.index[b] {
+            Kind::N48(n) => (0..=pos.min(255)).rev().find_map(|b| match n.index[b] {
                 0 => None,
                 s => n.children[s as usize - 1].as_ref().map(|c| (b, c)),
             }),
-            Child::N256(n) => (0..=pos.min(255))
+            Kind::N256(n) => (0..=pos.min(255))
                 .rev()
                 .find_map(|b| n.slots.array()[b].as_ref().map(|c| (b, c))),
-            Child::D256(n) => n.prev(pos),
+            Kind::D256(n) => n.prev(pos),
         }
     }
 
     /// The position of the first child whose byte is `>= b`, or one past the end.
     #[inline]
     pub(crate) fn position_ge(&self, b: u8) -> usize {
-        match self {
-            Child::Leaf(_) => 0,
-            Child::N4(n) => n.keys[..n.len as usize]
+        match self.kind() {
+            Kind::Leaf(_) => 0,
+            Kind::N4(n) => n.keys[..n.len as usize]
                 .iter()
                 .position(|&k| k >= b)
                 .unwrap_or(n.len as usize),
-            Child::N16(n) => simd::lower_bound16(&n.keys, n.len as usize, b),
-            Child::N48(_) | Child::N256(_) | Child::D256(_) => b as usize,
+            Kind::N16(n) => simd::lower_bound16(&n.keys, n.len as usize, b),
+            Kind::N48(_) | Kind::N256(_) | Kind::D256(_) => b as usize,
         }
     }
 
     /// The first position holding a child whose byte is `> b`.
     #[inline]
     pub(crate) fn position_after(&self, b: u8) -> usize {
-        match self {
-            Child::N48(_) | Child::N256(_) | Child::D256(_) => b as usize + 1,
+        match self.kind() {
+            Kind::N48(_) | Kind::N256(_) | Kind::D256(_) => b as usize + 1,
             _ => self.position_ge(b) + usize::from(self.find_child(b).is_some()),
         }
     }
@@ -525,8 +474,8 @@ impl<V> Child<V> {
     /// The last position that can hold a child whose byte is `< b`.
     #[inline]
     pub(crate) fn position_before(&self, b: u8) -> Option<usize> {
-        match self {
-            Child::N48(_) | Child::N256(_) | Child::D256(_) => (b as usize).checked_sub(1),
+        match self.kind() {
+            Kind::N48(_) | Kind::N256(_) | Kind::D256(_) => (b as usize).checked_sub(1),
             _ => self.position_ge(b).checked_sub(1),
         }
     }
@@ -534,34 +483,34 @@ impl<V> Child<V> {
     /// Largest possible position; `prev_child(last_position())` is the last child.
     #[inline]
     pub(crate) fn last_position(&self) -> usize {
-        match self {
-            Child::N48(_) | Child::N256(_) | Child::D256(_) => 255,
+        match self.kind() {
+            Kind::N48(_) | Kind::N256(_) | Kind::D256(_) => 255,
             _ => self.num_children().saturating_sub(1),
         }
     }
 
     /// The smallest byte that has a child.
     pub(crate) fn first_child_byte(&self) -> Option<u8> {
-        match self {
-            Child::Leaf(_) => None,
-            Child::N4(n) => (n.len > 0).then(|| n.keys[0]),
-            Child::N16(n) => (n.len > 0).then(|| n.keys[0]),
-            Child::N48(n) => n.index.iter().position(|&s| s != 0).map(|b| b as u8),
-            Child::N256(n) => n
+        match self.kind() {
+            Kind::Leaf(_) => None,
+            Kind::N4(n) => (n.len > 0).then(|| n.keys[0]),
+            Kind::N16(n) => (n.len > 0).then(|| n.keys[0]),
+            Kind::N48(n) => n.index.iter().position(|&s| s != 0).map(|b| b as u8),
+            Kind::N256(n) => n
                 .slots
                 .array()
                 .iter()
                 .position(Option::is_some)
                 .map(|b| b as u8),
-            Child::D256(_) => self.next_child(0).map(|(b, _)| b as u8),
+            Kind::D256(_) => self.next_child(0).map(|(b, _)| b as u8),
         }
     }
 
     /// The key byte this node is indexed by in its parent, at depth `depth`.
     #[inline]
     pub(crate) fn index_byte(&self, depth: usize) -> u8 {
-        match self {
-            Child::Leaf(l) => l.h.bytes[depth],
+        match self.kind() {
+            Kind::Leaf(l) => l.h.bytes[depth],
             _ => self.bytes()[0],
         }
     }
@@ -569,8 +518,8 @@ impl<V> Child<V> {
     /// The node's segment when it sits at `depth`.
     #[inline]
     pub(crate) fn segment(&self, depth: usize) -> &[u8] {
-        match self {
-            Child::Leaf(l) => &l.h.bytes[depth..],
+        match self.kind() {
+            Kind::Leaf(l) => &l.h.bytes[depth..],
             _ => self.bytes(),
         }
     }
@@ -583,39 +532,39 @@ impl<V> Child<V> {
     where
         V: Clone,
     {
-        match self {
-            Child::Leaf(n) => Child::Leaf(Arc::new(Leaf {
+        match self.kind() {
+            Kind::Leaf(n) => Child::new(NodeRc::new(Leaf {
                 h: n.h.copy(),
                 value: n.value.clone(),
             })),
-            Child::N4(n) => Child::N4(Arc::new(N4 {
+            Kind::N4(n) => Child::new(NodeRc::new(N4 {
                 h: n.h.copy(),
                 terminal: n.terminal.clone(),
                 len: n.len,
                 keys: n.keys,
                 children: clone_slots(&n.children, n.len as usize),
             })),
-            Child::N16(n) => Child::N16(Arc::new(N16 {
+            Kind::N16(n) => Child::new(NodeRc::new(N16 {
                 h: n.h.copy(),
                 terminal: n.terminal.clone(),
                 len: n.len,
                 keys: n.keys,
                 children: clone_slots(&n.children, n.len as usize),
             })),
-            Child::N48(n) => Child::N48(Arc::new(N48 {
+            Kind::N48(n) => Child::new(NodeRc::new(N48 {
                 h: n.h.copy(),
                 terminal: n.terminal.clone(),
                 len: n.len,
                 index: n.index,
                 children: clone_slots(&n.children, N48_MAX),
             })),
-            Child::N256(n) => Child::N256(Arc::new(N256 {
+            Kind::N256(n) => Child::new(NodeRc::new(N256 {
                 h: n.h.copy(),
                 terminal: n.terminal.clone(),
                 len: n.len,
                 slots: Slots256::from_array(n.slots.clone_owned()),
             })),
-            Child::D256(n) => n.copy(),
+            Kind::D256(n) => n.copy(),
         }
     }
 
@@ -626,8 +575,8 @@ impl<V> Child<V> {
     where
         V: Clone,
     {
-        match self {
-            Child::N256(n) => D256::over(n),
+        match self.kind() {
+            Kind::N256(_) => D256::over(self.n256()),
             _ => self.copy(),
         }
     }
@@ -644,7 +593,7 @@ impl<V> Child<V> {
             watch: LazyWatch::new(),
         };
         let (terminal, len) = (d.terminal.take(), d.len);
-        let flat = match Arc::get_mut(&mut d.base) {
+        let flat = match NodeRc::get_mut(&mut d.base) {
             // Nothing else shares the base: it becomes the flat node, in place.
             Some(base) => {
                 base.h = h;
@@ -666,13 +615,13 @@ impl<V> Child<V> {
                 flat.shareable()
             }
         };
-        *self = Child::N256(flat);
+        *self = Child::new(flat);
     }
 
     /// Flattens a private delta that has no room left to patch byte `b`
     /// (no-op for other kinds, or when `b` is already patched).
     pub(crate) fn room_for_patch(&mut self, b: u8) {
-        if let Child::D256(d) = self {
+        if let Kind::D256(d) = self.kind() {
             if d.is_full() && !d.is_patched(b) {
                 self.flatten();
             }
@@ -686,9 +635,9 @@ impl<V> Child<V> {
     /// [`Child::room_for_patch`], which may turn a delta into a node256.
     #[inline]
     pub(crate) fn borrows_child(&self, b: u8) -> bool {
-        match self {
-            Child::N256(n) => n.slots.is_borrowed(b),
-            Child::D256(d) => !d.is_patched(b),
+        match self.kind() {
+            Kind::N256(n) => n.slots.is_borrowed(b),
+            Kind::D256(d) => !d.is_patched(b),
             _ => false,
         }
     }
@@ -746,12 +695,12 @@ impl<V> Child<V> {
     }
 
     fn capacity(&self) -> usize {
-        match self {
-            Child::Leaf(_) => 0,
-            Child::N4(_) => N4_MAX,
-            Child::N16(_) => N16_MAX,
-            Child::N48(_) => N48_MAX,
-            Child::N256(_) | Child::D256(_) => 256,
+        match self.kind() {
+            Kind::Leaf(_) => 0,
+            Kind::N4(_) => N4_MAX,
+            Kind::N16(_) => N16_MAX,
+            Kind::N48(_) => N48_MAX,
+            Kind::N256(_) | Kind::D256(_) => 256,
         }
     }
 
@@ -811,7 +760,7 @@ impl<V> Child<V> {
                 for i in 0..len {
                     m.children[i] = n.children[i].take();
                 }
-                Child::N16(Arc::new(m))
+                Child::new(NodeRc::new(m))
             }
             Some(NodeMut::N16(n)) => {
                 let mut m = N48 {
@@ -828,7 +777,7 @@ impl<V> Child<V> {
                     m.index[n.keys[i] as usize] = i as u8 + 1;
                     m.children[i] = n.children[i].take();
                 }
-                Child::N48(Arc::new(m))
+                Child::new(NodeRc::new(m))
             }
             Some(NodeMut::N48(n)) => {
                 let h = Header {
@@ -844,7 +793,7 @@ impl<V> Child<V> {
                         }
                     }
                 }
-                Child::N256(m.shareable())
+                Child::new(m.shareable())
             }
             _ => return,
         };
@@ -871,7 +820,7 @@ impl<V> Child<V> {
                 for i in 0..n {
                     m.children[i] = x.children[i].take();
                 }
-                Child::N4(Arc::new(m))
+                Child::new(NodeRc::new(m))
             }
             Some(NodeMut::N48(x)) if n < N48_MIN => {
                 let mut m = N16 {
@@ -893,7 +842,7 @@ impl<V> Child<V> {
                         m.len += 1;
                     }
                 }
-                Child::N16(Arc::new(m))
+                Child::new(NodeRc::new(m))
             }
             Some(NodeMut::D256(x)) if n < N256_MIN => {
                 let kids: Vec<(u8, Child<V>)> = (0..=255u8)
@@ -938,7 +887,7 @@ fn n48_from<V>(h: &mut Header, terminal: Option<Child<V>>, kids: Vec<(u8, Child<
         m.index[b as usize] = i as u8 + 1;
         m.len += 1;
     }
-    Child::N48(Arc::new(m))
+    Child::new(NodeRc::new(m))
 }
 
 impl<'a, V> NodeMut<'a, V> {
@@ -1161,7 +1110,7 @@ fn drop_children_with<V>(
             Some(NodeMut::N256(n)) => collect_unique(n.slots.for_drop(), &mut work),
             Some(NodeMut::D256(n)) => {
                 collect_unique(&mut n.patches, &mut work);
-                if let Some(base) = Arc::get_mut(&mut n.base) {
+                if let Some(base) = NodeRc::get_mut(&mut n.base) {
                     collect_unique(base.slots.for_drop(), &mut work);
                 }
             }

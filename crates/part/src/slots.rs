@@ -20,18 +20,18 @@
 //!   lender owns that slot (lenders never borrow), so the chain of lenders is
 //!   one long and a borrowing node keeps at most one older version alive;
 //! * a borrowed copy is never dropped and never handed out as `&mut`: its
-//!   reference count does not count it, so `Arc::get_mut` through it would
+//!   reference count does not count it, so `NodeRc::get_mut` through it would
 //!   wrongly succeed.
 //!
 //! The lender stays immutable while borrowed from: it is only reachable
-//! through `Arc`s and one of them is ours, so `Arc::get_mut` fails for every
+//! through `Arc`s and one of them is ours, so `NodeRc::get_mut` fails for every
 //! other holder.
 
 use std::mem::{forget, ManuallyDrop};
 
 use std::ptr::addr_of_mut;
 
-use triomphe::{Arc, UniqueArc};
+use crate::child::{NodeRc, UniqueRc};
 
 use crate::node::{Child, Header, N256};
 
@@ -44,7 +44,7 @@ pub(crate) struct Slots256<V> {
     /// for which this array holds no reference.
     borrowed: [u64; 4],
     /// Keeps every borrowed child alive.
-    lender: Option<Arc<N256<V>>>,
+    lender: Option<NodeRc<N256<V>>>,
     /// Bit `b` set: `children[b]` is not empty. Lets `borrow_from` mark
     /// and visit only the occupied slots.
     present: [u64; 4],
@@ -74,25 +74,24 @@ unsafe fn alloc_node<V>(
     terminal: Option<Child<V>>,
     len: u16,
     borrowed: [u64; 4],
-    lender: Option<Arc<N256<V>>>,
+    lender: Option<NodeRc<N256<V>>>,
     present: [u64; 4],
     fill: impl FnOnce(*mut Option<Child<V>>),
-) -> UniqueArc<N256<V>> {
-    let mut uninit = UniqueArc::<N256<V>>::new_uninit();
-    let p = uninit.as_mut_ptr().cast::<N256<V>>();
-    // SAFETY: `p` points to an allocation for an `N256` that nothing else can
-    // reach; each field is written exactly once (the child array by `fill`,
-    // as the caller promises) before `assume_init`.
+) -> UniqueRc<N256<V>> {
+    // SAFETY: `p` points to room for an `N256` that nothing else can reach;
+    // each field is written exactly once (the child array by `fill`, as the
+    // caller promises), so the whole node is initialised.
     unsafe {
-        addr_of_mut!((*p).h).write(h);
-        addr_of_mut!((*p).terminal).write(terminal);
-        addr_of_mut!((*p).len).write(len);
-        let s = addr_of_mut!((*p).slots);
-        fill(addr_of_mut!((*s).children).cast::<Option<Child<V>>>());
-        addr_of_mut!((*s).borrowed).write(borrowed);
-        addr_of_mut!((*s).lender).write(lender);
-        addr_of_mut!((*s).present).write(present);
-        UniqueArc::assume_init(uninit)
+        NodeRc::new_in_place(|p: *mut N256<V>| {
+            addr_of_mut!((*p).h).write(h);
+            addr_of_mut!((*p).terminal).write(terminal);
+            addr_of_mut!((*p).len).write(len);
+            let s = addr_of_mut!((*p).slots);
+            fill(addr_of_mut!((*s).children).cast::<Option<Child<V>>>());
+            addr_of_mut!((*s).borrowed).write(borrowed);
+            addr_of_mut!((*s).lender).write(lender);
+            addr_of_mut!((*s).present).write(present);
+        })
     }
 }
 
@@ -208,7 +207,7 @@ impl<V> Slots256<V> {
 
     /// An empty private node256, built in its own allocation (see
     /// [`Slots256::new_borrowing`]).
-    pub(crate) fn new_node(h: Header, terminal: Option<Child<V>>, len: u16) -> UniqueArc<N256<V>> {
+    pub(crate) fn new_node(h: Header, terminal: Option<Child<V>>, len: u16) -> UniqueRc<N256<V>> {
         // SAFETY: every slot is written (empty), and an array with no
         // children borrows nothing.
         unsafe {
@@ -230,8 +229,8 @@ impl<V> Slots256<V> {
         h: Header,
         terminal: Option<Child<V>>,
         len: u16,
-        base: &Arc<N256<V>>,
-    ) -> UniqueArc<N256<V>> {
+        base: &NodeRc<N256<V>>,
+    ) -> UniqueRc<N256<V>> {
         let src = &base.slots;
         let (borrowed, lender) = match &src.lender {
             None => (src.present, (src.present != [0; 4]).then(|| base.clone())),
@@ -322,6 +321,7 @@ impl<V> Drop for Slots256<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::Kind;
     use crate::Tree;
 
     /// A tree whose root is a node256 over the one-byte keys `0..=255`.
@@ -333,9 +333,9 @@ mod tests {
         t.commit()
     }
 
-    fn root(t: &Tree<u32>) -> &Arc<N256<u32>> {
-        match &t.root {
-            Child::N256(n) => n,
+    fn root(t: &Tree<u32>) -> &N256<u32> {
+        match t.root.kind() {
+            Kind::N256(n) => n,
             _ => panic!("the root is not a flat node256"),
         }
     }
@@ -359,7 +359,7 @@ mod tests {
         assert!(root(&t1).slots.lender.is_none());
         assert_eq!(borrowed(&t1), 0);
         // Only `t0` holds its root again.
-        assert_eq!(Arc::count(root(&t0)), 1);
+        assert_eq!(t0.root.strong_count(), 1);
         assert_eq!((t0.get(&[7]), t1.get(&[7])), (Some(&7), Some(&1007)));
     }
 
@@ -370,13 +370,13 @@ mod tests {
         let t1 = rewrite(&t0, 0..20, 1000);
         assert_eq!(borrowed(&t1), 236);
         let lender = root(&t1).slots.lender.clone().unwrap();
-        assert!(Arc::ptr_eq(&lender, root(&t0)));
+        assert!(std::ptr::eq(&*lender, root(&t0)));
         // A delta over the borrowing node is flattened by borrowing from
         // `t0`'s root directly, and the slots `t1` owns get references.
         let t2 = rewrite(&t1, 100..130, 2000);
         assert_eq!(borrowed(&t2), 206);
-        assert!(Arc::ptr_eq(
-            root(&t2).slots.lender.as_ref().unwrap(),
+        assert!(std::ptr::eq(
+            &**root(&t2).slots.lender.as_ref().unwrap(),
             root(&t0)
         ));
         drop(lender);

@@ -3,7 +3,7 @@
 use std::ops::RangeBounds;
 
 use crate::iter::{IntoIter, Iter, Scan, ScanRef};
-use crate::node::Child;
+use crate::node::{Child, Kind};
 use crate::txn::Txn;
 use crate::watch::Watch;
 use crate::{bytes, Error};
@@ -229,13 +229,13 @@ pub(crate) fn get<'a, V>(root: &'a Child<V>, key: &[u8]) -> Option<&'a V> {
     let mut depth = 0;
     loop {
         let Some(&b) = key.get(depth) else {
-            return match node.terminal()? {
-                Child::Leaf(l) => bytes::eq(&l.h.bytes, key).then_some(&l.value),
+            return match node.terminal()?.kind() {
+                Kind::Leaf(l) => bytes::eq(&l.h.bytes, key).then_some(&l.value),
                 _ => None,
             };
         };
         let child = node.find_child(b)?;
-        if let Child::Leaf(l) = child {
+        if let Kind::Leaf(l) = child.kind() {
             return bytes::eq(&l.h.bytes, key).then_some(&l.value);
         }
         depth += child.bytes().len();
@@ -265,7 +265,7 @@ pub(crate) fn get_with_node<'a, V>(
         let Some(child) = child else {
             return (None, node);
         };
-        if let Child::Leaf(l) = child {
+        if let Kind::Leaf(l) = child.kind() {
             return if bytes::eq(&l.h.bytes, key) {
                 (Some(&l.value), child)
             } else {

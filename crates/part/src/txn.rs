@@ -11,7 +11,7 @@ use std::ops::RangeBounds;
 use smallvec::SmallVec;
 
 use crate::iter::{IntoIter, Iter, Scan, ScanRef};
-use crate::node::{Child, NodeMut};
+use crate::node::{Child, Kind, NodeMut};
 use crate::tree::{get, range_scan, Options, Tree};
 use crate::watch::WatchInner;
 use crate::{Error, MAX_KEY_LEN};
@@ -166,15 +166,15 @@ impl<V: Clone> Txn<V> {
         let mut is_root = true;
         loop {
             // Where does the key leave the path through this node?
-            let split = match &*slot {
-                Child::Leaf(l) => {
+            let split = match slot.kind() {
+                Kind::Leaf(l) => {
                     if crate::bytes::eq(&l.h.bytes, key) {
                         return Ok(Some(replace_leaf(rec, slot, key, f)));
                     }
                     Some(common_prefix(&l.h.bytes[depth..], &key[depth..]))
                 }
-                n if crate::bytes::starts_with(&key[depth..], n.bytes()) => None,
-                n => Some(common_prefix(n.bytes(), &key[depth..])),
+                _ if crate::bytes::starts_with(&key[depth..], slot.bytes()) => None,
+                _ => Some(common_prefix(slot.bytes(), &key[depth..])),
             };
             if let Some(cp) = split {
                 // A new inner node takes the common part; the old node and
@@ -214,12 +214,13 @@ impl<V: Clone> Txn<V> {
             }
             slot.room_for_patch(b);
             if slot.borrows_child(b) {
-                if let Some(Child::Leaf(l)) = slot.find_child(b) {
+                let found = slot.find_child(b).map(|c| (c, c.kind()));
+                if let Some((c, Kind::Leaf(l))) = found {
                     if crate::bytes::eq(&l.h.bytes, key) {
                         // The node does not own this leaf: replacing it
                         // leaves its count alone (see `slots.rs`).
                         let old = l.value.clone();
-                        let gone = rec.all.then(|| Child::Leaf(l.clone()));
+                        let gone = rec.all.then(|| c.clone());
                         let new = Child::leaf(key, f(Some(&l.value)));
                         if let Some(g) = gone {
                             rec.nodes.push(g);
