@@ -32,8 +32,9 @@ pub(crate) fn new_db_layout(secondary: bool, key_layout: KeyLayout) -> Bench {
     )
 }
 
-/// `STATEDB_BENCH_INLINE_FREE=1`: no background collector; each commit
-/// frees what it superseded.
+/// `STATEDB_BENCH_INLINE_FREE=1`: no background collector (snapshots a
+/// reader drops last are freed by that reader; commits free what they
+/// supersede either way).
 pub(crate) fn env_db_options() -> DbOptions {
     if std::env::var_os("STATEDB_BENCH_INLINE_FREE").is_some() {
         DbOptions { gc_interval: None }

@@ -27,7 +27,8 @@ fn main() {
     // PropagationDelay writers' transactions).
     let fresh = args.get(2).is_some_and(|s| s == "new");
     let batch: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
-    // INLINE_FREE=1: no background thread; each commit frees what it superseded.
+    // INLINE_FREE=1: no background thread (commits free what they supersede
+    // either way).
     let db = Db::with_options(if std::env::var_os("INLINE_FREE").is_some() {
         DbOptions { gc_interval: None }
     } else {
