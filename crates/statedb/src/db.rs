@@ -461,12 +461,10 @@ impl DbInner {
         }
         // The transaction's snapshot now reads the committed state; its old
         // one (usually the superseded root) goes with it. The writer frees
-        // the superseded version itself when no reader holds it: since
-        // part's delta and borrowing node256s that is a few small nodes, and
-        // handing them to the background thread cost the writer more (its
-        // allocator collects the other thread's frees, and wake-ups): single-row
-        // commits 1.80–2.50 → 1.52–1.71 µs. A reader that lets go of an old
-        // snapshot last still hands it to the background thread.
+        // the superseded version itself when no reader holds it: a few
+        // small nodes, cheaper here than handed to the background thread
+        // (design.md, "Commit order", step 6). A reader that lets go of an
+        // old snapshot last still hands it to the background thread.
         let old_base = std::mem::replace(base, roots.clone());
         drop(old_base);
         drop(old);

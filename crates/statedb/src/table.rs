@@ -48,6 +48,27 @@ pub(crate) struct KeyScratch {
     scratch: Vec<u8>,
 }
 
+/// Buffers larger than this are not kept between transactions: one write
+/// of a huge key must not pin that much memory per table.
+const KEEP_BYTES: usize = 4096;
+
+impl KeyScratch {
+    /// These buffers, less any grown past [`KEEP_BYTES`].
+    fn trimmed(mut self) -> Self {
+        let trim = |v: &mut Vec<u8>| {
+            if v.capacity() > KEEP_BYTES {
+                *v = Vec::new();
+            }
+        };
+        for k in self.new_keys.iter_mut().chain([&mut self.old_keys]) {
+            trim(&mut k.bytes);
+        }
+        trim(&mut self.pk);
+        trim(&mut self.scratch);
+        self
+    }
+}
+
 impl WriterState {
     /// Whether some consumer is alive (drops the dead ones).
     pub(crate) fn has_trackers(&mut self) -> bool {
@@ -303,7 +324,8 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
             old_keys,
             pk,
             scratch,
-        };
+        }
+        .trimmed();
         let mut notify = TableNotifier::<T> {
             trees: SmallVec::new(),
             init: None,
@@ -967,5 +989,29 @@ impl<T: Storable> Table<T> {
         let mut out = Vec::new();
         self.write_json(txn, &mut out)?;
         String::from_utf8(out).map_err(|e| Error::Json(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_keeps_small_buffers_and_drops_huge_ones() {
+        let mut k = KeyScratch {
+            new_keys: vec![KeyBuf::default(), KeyBuf::default()],
+            ..KeyScratch::default()
+        };
+        k.new_keys[0].bytes.reserve(64);
+        k.new_keys[1].bytes.reserve(KEEP_BYTES + 1);
+        k.old_keys.bytes.reserve(KEEP_BYTES * 4);
+        k.pk.reserve(32);
+        k.scratch.reserve(1 << 20);
+        let k = k.trimmed();
+        assert!(k.new_keys[0].bytes.capacity() >= 64);
+        assert_eq!(k.new_keys[1].bytes.capacity(), 0);
+        assert_eq!(k.old_keys.bytes.capacity(), 0);
+        assert!(k.pk.capacity() >= 32);
+        assert_eq!(k.scratch.capacity(), 0);
     }
 }
