@@ -214,13 +214,10 @@ impl<V> D256<V> {
 
     /// A delta with no patches over `base`, for a transaction's write.
     #[inline(never)]
-    fn over(base: Option<NodeRc<N256<V>>>) -> Child<V>
+    fn over(base: NodeRc<N256<V>>) -> Child<V>
     where
         V: Clone,
     {
-        let Some(base) = base else {
-            unreachable!("a delta is made over a node256 only");
-        };
         Child::new(NodeRc::new(D256 {
             h: base.h.copy(),
             terminal: base.terminal.clone(),
@@ -575,9 +572,9 @@ impl<V> Child<V> {
     where
         V: Clone,
     {
-        match self.kind() {
-            Kind::N256(_) => D256::over(self.n256()),
-            _ => self.copy(),
+        match self.n256() {
+            Some(base) => D256::over(base),
+            None => self.copy(),
         }
     }
 

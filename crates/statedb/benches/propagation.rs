@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use statedb::{Db, DbOptions};
+use statedb::Db;
 
 const BATCH: u64 = 10;
 
@@ -40,11 +40,7 @@ fn main() {
     } else {
         Duration::from_micros(50)
     };
-    let db = Db::with_options(if std::env::var_os("STATEDB_BENCH_INLINE_FREE").is_some() {
-        DbOptions { gc_interval: None }
-    } else {
-        DbOptions::default()
-    });
+    let db = Db::with_options(env_db_options());
     let a = new_db_with(&db, "a", false, env_layout());
     let b = new_db_with(&db, "b", false, env_layout());
     let stop = Arc::new(AtomicBool::new(false));

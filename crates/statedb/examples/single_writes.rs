@@ -12,7 +12,7 @@
 mod common;
 
 use common::{fill, new_db_named, obj};
-use statedb::{Db, DbOptions};
+use statedb::Db;
 
 // The suite's allocator.
 #[global_allocator]
@@ -27,13 +27,9 @@ fn main() {
     // PropagationDelay writers' transactions).
     let fresh = args.get(2).is_some_and(|s| s == "new");
     let batch: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
-    // INLINE_FREE=1: no background thread (commits free what they supersede
-    // either way).
-    let db = Db::with_options(if std::env::var_os("INLINE_FREE").is_some() {
-        DbOptions { gc_interval: None }
-    } else {
-        DbOptions::default()
-    });
+    // STATEDB_BENCH_INLINE_FREE=1: no background thread (commits free what
+    // they supersede either way).
+    let db = Db::with_options(common::env_db_options());
     let b = new_db_named(&db, "test", false);
     fill(&b, objects);
     let table = &b.table;

@@ -271,12 +271,9 @@ pub struct TableTxn<T> {
     pub(crate) pending: Arc<Vec<(u64, String)>>,
     /// Some consumer follows the table: deleted objects go to the graveyard.
     pub(crate) track_deletes: bool,
-    new_keys: Vec<KeyBuf>,
-    old_keys: KeyBuf,
-    /// The stored primary key of the object being written.
-    pk: Vec<u8>,
+    /// Borrowed from the table's writer state, handed back by `finish`.
+    keys: KeyScratch,
     layout: KeyLayout,
-    scratch: Vec<u8>,
 }
 
 /// What a committed table write hands back to the database.
@@ -313,19 +310,10 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
             revision,
             init,
             pending,
-            new_keys,
-            old_keys,
-            pk,
-            scratch,
+            keys,
             ..
         } = *self;
-        ws.keys = KeyScratch {
-            new_keys,
-            old_keys,
-            pk,
-            scratch,
-        }
-        .trimmed();
+        ws.keys = keys.trimmed();
         let mut notify = TableNotifier::<T> {
             trees: SmallVec::new(),
             init: None,
@@ -412,11 +400,8 @@ impl<T: Storable> TableTxn<T> {
             init: root.init.txn(),
             pending: root.pending.clone(),
             track_deletes,
-            new_keys: keys.new_keys,
-            old_keys: keys.old_keys,
-            pk: keys.pk,
+            keys,
             layout,
-            scratch: keys.scratch,
         }
     }
 
@@ -430,14 +415,14 @@ impl<T: Storable> TableTxn<T> {
         cas: Option<Revision>,
     ) -> Result<Option<Obj<T>>> {
         let idx = &t.indexes;
-        idx[0].keys_of(&value, &mut self.new_keys[0]);
+        idx[0].keys_of(&value, &mut self.keys.new_keys[0]);
         check_len(
             &idx[0],
-            self.new_keys[0].get(0).len() * self.layout.per_byte(),
+            self.keys.new_keys[0].get(0).len() * self.layout.per_byte(),
         )?;
-        self.pk.clear();
-        expand(self.layout, self.new_keys[0].get(0), &mut self.pk);
-        let old = self.indexes[0].get(&self.pk).cloned();
+        self.keys.pk.clear();
+        expand(self.layout, self.keys.new_keys[0].get(0), &mut self.keys.pk);
+        let old = self.indexes[0].get(&self.keys.pk).cloned();
         if let Some(expected) = cas {
             match &old {
                 None => return Err(Error::ObjectNotFound),
@@ -454,14 +439,14 @@ impl<T: Storable> TableTxn<T> {
             value = f(o.value(), value);
             let mut k = KeyBuf::default();
             idx[0].keys_of(&value, &mut k);
-            if k.get(0) != self.new_keys[0].get(0) {
+            if k.get(0) != self.keys.new_keys[0].get(0) {
                 return Err(Error::MergeChangedKey);
             }
         }
-        let pk_len = self.new_keys[0].get(0).len();
+        let pk_len = self.keys.new_keys[0].get(0).len();
         for (i, ix) in idx.iter().enumerate().skip(1) {
-            ix.keys_of(&value, &mut self.new_keys[i]);
-            for k in self.new_keys[i].iter() {
+            ix.keys_of(&value, &mut self.keys.new_keys[i]);
+            for k in self.keys.new_keys[i].iter() {
                 let len = if ix.is_unique() {
                     k.len()
                 } else {
@@ -469,7 +454,7 @@ impl<T: Storable> TableTxn<T> {
                 };
                 check_len(ix, len * self.layout.per_byte())?;
                 if ix.is_unique() {
-                    let s = stored(self.layout, true, k, &[], &mut self.scratch);
+                    let s = stored(self.layout, true, k, &[], &mut self.keys.scratch);
                     if let Some(e) = self.indexes[i].get(s) {
                         if old.as_ref().is_none_or(|o| !Arc::ptr_eq(e, o)) {
                             return Err(Error::UniqueConflict {
@@ -486,8 +471,8 @@ impl<T: Storable> TableTxn<T> {
         let rev = self.revision;
         let created = old.as_ref().map_or(rev, |o| o.created_revision());
         let obj = Arc::new(Object::new(value, rev, created));
-        let pk = self.new_keys[0].get(0);
-        self.indexes[0].insert(&self.pk, obj.clone())?;
+        let pk = self.keys.new_keys[0].get(0);
+        self.indexes[0].insert(&self.keys.pk, obj.clone())?;
         if let Some(o) = &old {
             self.revisions.delete(&rev_key(o.revision()));
         }
@@ -495,16 +480,16 @@ impl<T: Storable> TableTxn<T> {
         for (i, ix) in idx.iter().enumerate().skip(1) {
             let unique = ix.is_unique();
             if let Some(o) = &old {
-                ix.keys_of(o.value(), &mut self.old_keys);
-                for k in self.old_keys.iter() {
-                    if !self.new_keys[i].contains(k) {
-                        let s = stored(self.layout, unique, k, pk, &mut self.scratch);
+                ix.keys_of(o.value(), &mut self.keys.old_keys);
+                for k in self.keys.old_keys.iter() {
+                    if !self.keys.new_keys[i].contains(k) {
+                        let s = stored(self.layout, unique, k, pk, &mut self.keys.scratch);
                         self.indexes[i].delete(s);
                     }
                 }
             }
-            for k in self.new_keys[i].iter() {
-                let s = stored(self.layout, unique, k, pk, &mut self.scratch);
+            for k in self.keys.new_keys[i].iter() {
+                let s = stored(self.layout, unique, k, pk, &mut self.keys.scratch);
                 self.indexes[i].insert(s, obj.clone())?;
             }
         }
@@ -518,9 +503,9 @@ impl<T: Storable> TableTxn<T> {
         pk: &[u8],
         cas: Option<Revision>,
     ) -> Result<Option<Obj<T>>> {
-        self.pk.clear();
-        expand(self.layout, pk, &mut self.pk);
-        let Some(old) = self.indexes[0].get(&self.pk).cloned() else {
+        self.keys.pk.clear();
+        expand(self.layout, pk, &mut self.keys.pk);
+        let Some(old) = self.indexes[0].get(&self.keys.pk).cloned() else {
             return match cas {
                 Some(_) => Err(Error::ObjectNotFound),
                 None => Ok(None),
@@ -534,12 +519,12 @@ impl<T: Storable> TableTxn<T> {
                 });
             }
         }
-        self.indexes[0].delete(&self.pk);
+        self.indexes[0].delete(&self.keys.pk);
         self.revisions.delete(&rev_key(old.revision()));
         for (i, ix) in t.indexes.iter().enumerate().skip(1) {
-            ix.keys_of(old.value(), &mut self.old_keys);
-            for k in self.old_keys.iter() {
-                let s = stored(self.layout, ix.is_unique(), k, pk, &mut self.scratch);
+            ix.keys_of(old.value(), &mut self.keys.old_keys);
+            for k in self.keys.old_keys.iter() {
+                let s = stored(self.layout, ix.is_unique(), k, pk, &mut self.keys.scratch);
                 self.indexes[i].delete(s);
             }
         }
