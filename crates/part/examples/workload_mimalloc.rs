@@ -2,8 +2,11 @@
 //!
 //! `cargo run --release -p part --example workload_mimalloc -- insert 200`
 
+#[path = "../benches/support/fast_mimalloc.rs"]
+mod fast_mimalloc;
+
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: fast_mimalloc::FastMiMalloc = fast_mimalloc::FastMiMalloc;
 
 #[path = "workload.rs"]
 mod workload;

@@ -9,8 +9,11 @@
 mod common;
 
 /// Same allocator as the criterion suite (see `statedb.rs`).
+#[path = "../../part/benches/support/fast_mimalloc.rs"]
+mod fast_mimalloc;
+
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: fast_mimalloc::FastMiMalloc = fast_mimalloc::FastMiMalloc;
 
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};

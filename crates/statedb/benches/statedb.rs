@@ -16,8 +16,11 @@
 mod common;
 mod suite;
 
+#[path = "../../part/benches/support/fast_mimalloc.rs"]
+mod fast_mimalloc;
+
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: fast_mimalloc::FastMiMalloc = fast_mimalloc::FastMiMalloc;
 
 fn main() {
     suite::main("statedb");

@@ -12,8 +12,11 @@ mod common;
 use common::{fill, new_db};
 
 // The suite's allocator: placement differs between allocators.
+#[path = "../../part/benches/support/fast_mimalloc.rs"]
+mod fast_mimalloc;
+
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: fast_mimalloc::FastMiMalloc = fast_mimalloc::FastMiMalloc;
 
 const BIG: u64 = 100_000;
 

@@ -15,8 +15,11 @@ use common::{fill, new_db_named, obj};
 use statedb::Db;
 
 // The suite's allocator.
+#[path = "../../part/benches/support/fast_mimalloc.rs"]
+mod fast_mimalloc;
+
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: fast_mimalloc::FastMiMalloc = fast_mimalloc::FastMiMalloc;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
