@@ -8,6 +8,9 @@
 //! `STATEDB_BENCH_INLINE_FREE=1`: no background collector (commits free what
 //! they supersede either way; without the collector, snapshots a reader
 //! drops last are freed by that reader too).
+//! `STATEDB_BENCH_BREAKDOWN=1` also prints the median of each stage: the
+//! writer's transaction, the consumer's wake-up, its read of the changes,
+//! its transaction, and the writer's wake-up.
 
 mod common;
 
@@ -18,7 +21,7 @@ mod fast_mimalloc;
 #[global_allocator]
 static ALLOC: fast_mimalloc::FastMiMalloc = fast_mimalloc::FastMiMalloc;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,18 +50,27 @@ fn main() {
     let a = new_db_with(&db, "a", false, env_layout());
     let b = new_db_with(&db, "b", false, env_layout());
     let stop = Arc::new(AtomicBool::new(false));
+    // Stage stamps of the consumer's last batch (ns since `epoch`): woke,
+    // opened its read transaction, read the changes, about to commit. Published by the commit's Release store.
+    let epoch = Instant::now();
+    let stamps: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
 
     let mut w = db.write_txn(&[&a.table]).unwrap();
     let mut changes = a.table.changes(&mut w).unwrap();
     w.commit().unwrap();
     let consumer = {
         let (db, ta, tb, stop) = (db.clone(), a.table.clone(), b.table.clone(), stop.clone());
+        let stamps = stamps.clone();
         std::thread::spawn(move || {
             let _ = ta;
+            let mut woke = 0u64;
+            let ns = || epoch.elapsed().as_nanos() as u64;
             while !stop.load(Ordering::Relaxed) {
                 let r = db.read_txn();
+                let opened = ns();
                 let (batch, watch) = changes.next(&r).unwrap();
                 if !batch.is_empty() {
+                    let read = ns();
                     let mut w = db.write_txn(&[&tb]).unwrap();
                     for c in &batch {
                         if c.is_delete() {
@@ -67,9 +79,21 @@ fn main() {
                             tb.insert(&mut w, obj(c.object.id)).unwrap();
                         }
                     }
+                    stamps[0].store(woke, Ordering::Relaxed);
+                    stamps[1].store(opened, Ordering::Relaxed);
+                    stamps[2].store(read, Ordering::Relaxed);
+                    // Before the commit: the writer reads these once it
+                    // sees B's rows, i.e. after the commit (which publishes
+                    // with Release; the writer's read transaction acquires).
+                    stamps[3].store(ns(), Ordering::Relaxed);
                     w.commit().unwrap();
                 }
+                // Let go of the snapshot and the batch before waiting: a
+                // snapshot held across the wait keeps its version alive, and
+                // whoever drops a version last frees it.
+                drop((r, batch));
                 wait(&watch, spin, Duration::from_millis(50));
+                woke = ns();
             }
         })
     };
@@ -77,6 +101,10 @@ fn main() {
     let mut samples = Vec::with_capacity(rounds);
     // The first transaction alone (write A, commit, notify).
     let mut own = Vec::with_capacity(rounds);
+    let breakdown = std::env::var_os("STATEDB_BENCH_BREAKDOWN").is_some();
+    // Per round: consumer wake-up, its read transaction, its read of the
+    // changes, its inserts, the rest (its commit and the writer's wake-up).
+    let mut stages: [Vec<u64>; 5] = Default::default();
     let mut id = 0u64;
     let warmup = rounds / 10;
     for round in 0..rounds + warmup {
@@ -97,8 +125,23 @@ fn main() {
             wait(&watch, spin, Duration::from_secs(10));
         }
         if round >= warmup {
+            let end = epoch.elapsed().as_nanos() as u64;
             samples.push(start.elapsed().as_nanos() as u64);
             own.push(written.as_nanos() as u64);
+            if breakdown {
+                let committed = (start + written).duration_since(epoch).as_nanos() as u64;
+                let [woke, opened, read, wrote] =
+                    [0, 1, 2, 3].map(|i| stamps[i].load(Ordering::Relaxed));
+                // Rounds where the consumer was already awake (it found the
+                // batch without waiting) have no wake-up to measure.
+                if woke >= committed {
+                    stages[0].push(woke - committed);
+                    stages[1].push(opened - woke);
+                    stages[2].push(read - opened);
+                    stages[3].push(wrote - read);
+                    stages[4].push(end.saturating_sub(wrote));
+                }
+            }
         }
         if id > 100_000 {
             // Keep the tables small: clear both (the consumer follows).
@@ -138,4 +181,21 @@ fn main() {
         pct(&own, 0.50) as f64 / 1000.0,
         pct(&own, 0.90) as f64 / 1000.0
     );
+    if breakdown {
+        for (s, name) in stages.iter_mut().zip([
+            "consumer wakes",
+            "consumer opens a read transaction",
+            "consumer reads the changes",
+            "consumer's 10 inserts",
+            "consumer's commit + writer wakes",
+        ]) {
+            s.sort_unstable();
+            println!(
+                "  {name}: p50 {:.2} µs ({} of {} rounds)",
+                pct(s, 0.50) as f64 / 1000.0,
+                s.len(),
+                samples.len()
+            );
+        }
+    }
 }
