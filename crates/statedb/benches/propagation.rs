@@ -132,15 +132,16 @@ fn main() {
                 let committed = (start + written).duration_since(epoch).as_nanos() as u64;
                 let [woke, opened, read, wrote] =
                     [0, 1, 2, 3].map(|i| stamps[i].load(Ordering::Relaxed));
-                // Rounds where the consumer was already awake (it found the
-                // batch without waiting) have no wake-up to measure.
+                // The consumer's wake-up is measured only in rounds where it
+                // woke after the writer's `commit` returned (the watch fires
+                // inside it); the other stages in every round.
                 if woke >= committed {
                     stages[0].push(woke - committed);
-                    stages[1].push(opened - woke);
-                    stages[2].push(read - opened);
-                    stages[3].push(wrote - read);
-                    stages[4].push(end.saturating_sub(wrote));
                 }
+                stages[1].push(opened.saturating_sub(woke));
+                stages[2].push(read.saturating_sub(opened));
+                stages[3].push(wrote.saturating_sub(read));
+                stages[4].push(end.saturating_sub(wrote));
             }
         }
         if id > 100_000 {
