@@ -1,7 +1,8 @@
 //! KV95: threads doing 95% point reads (a fresh read transaction from a
 //! per-thread [`statedb::Reader`], and a get) and 5%
 //! single-row write transactions on a 100k-object table. Prints ops/s and
-//! p50/p99 latency for 1 and 2 threads, and the scaling factor.
+//! p50/p99 latency for 1 and 2 threads, and the scaling factor, and how
+//! busy the table's write lock was (its waits and holds from `Db::stats`).
 //!
 //! `cargo bench -p statedb --bench kv95 [-- SECONDS]`
 //! (`STATEDB_BENCH_LAYOUT=nibbles` for a nibble-layout table)
@@ -29,6 +30,8 @@ const OBJECTS: u64 = 100_000;
 fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
     let b = Arc::new(new_db_layout(false, env_layout()));
     fill(&b, OBJECTS);
+    let before = lock_figures(&b.db);
+    let t_run = Instant::now();
     let barrier = Arc::new(Barrier::new(threads));
     let write_pct = write_pct();
     let handles: Vec<_> = (0..threads)
@@ -75,8 +78,31 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
         per_cpu += ops as f64 / cpu.as_secs_f64().max(1e-9);
         all.extend(lat);
     }
+    let wall = t_run.elapsed();
+    let after = lock_figures(&b.db);
+    let (writes, waited, held) = (
+        after.0 - before.0,
+        after.1.saturating_sub(before.1),
+        after.2.saturating_sub(before.2),
+    );
+    println!(
+        "  {threads} thread(s): {writes} write txns; the table's write lock held {:.0}% of the run ({:.2} µs per txn), waited for {:.0}% of it ({:.2} µs per txn, summed over threads)",
+        100.0 * held.as_secs_f64() / wall.as_secs_f64(),
+        held.as_secs_f64() * 1e6 / writes.max(1) as f64,
+        100.0 * waited.as_secs_f64() / wall.as_secs_f64(),
+        waited.as_secs_f64() * 1e6 / writes.max(1) as f64,
+    );
     all.sort_unstable();
     (total, per_cpu, pct(&all, 0.5), pct(&all, 0.99))
+}
+
+/// (write-lock acquisitions, total wait, total hold) of the bench's table.
+fn lock_figures(db: &statedb::Db) -> (u64, Duration, Duration) {
+    db.stats()
+        .into_iter()
+        .find(|s| s.name == "test")
+        .map(|s| (s.lock_wait.0, s.lock_wait.1, s.lock_hold.1))
+        .unwrap_or_default()
 }
 
 /// `STATEDB_BENCH_WRITE_PCT` (default 5): the share of write transactions.
