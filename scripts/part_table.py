@@ -2,9 +2,12 @@
 """Turns the output of `cargo bench -p part --bench part` (one run under the
 system allocator, one of `--bench part_mimalloc`) into BENCHMARKS.md's part table.
 
-usage: part_table.py SYSTEM_LOG MIMALLOC_LOG
+usage: part_table.py SYSTEM_LOG[,LOG...] MIMALLOC_LOG[,LOG...]
+(several comma-separated logs: each time is the median over the runs; the
+allocation counts, which do not vary, come from the first)
 """
 import re
+import statistics
 import sys
 
 # Go statedb `part` anchors (2-core AMD EPYC, Go 1.27): (value, unit, per)
@@ -54,9 +57,17 @@ def fmt(sec):
     return f"{sec / 1e-9:.3g} ns"
 
 
+def parse_runs(arg):
+    """`parse` over comma-separated logs: the median time of each benchmark."""
+    runs = [parse(p) for p in arg.split(",")]
+    names = {k for t, _ in runs for k in t}
+    times = {k: statistics.median(t[k] for t, _ in runs if k in t) for k in names}
+    return times, runs[0][1]
+
+
 def main():
-    sys_t, sys_a = parse(sys.argv[1])
-    mi_t, _ = parse(sys.argv[2])
+    sys_t, sys_a = parse_runs(sys.argv[1])
+    mi_t, _ = parse_runs(sys.argv[2])
     out = ["| benchmark | ours, system alloc | ours, mimalloc | allocs/op | bytes/op | Go part | Go ÷ ours (system) | Go ÷ ours (mimalloc) |",
            "|---|---|---|---|---|---|---|---|"]
     for b in ORDER:

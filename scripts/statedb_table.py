@@ -3,9 +3,11 @@
 `--bench statedb_sysalloc` into BENCHMARKS.md's statedb table: median
 throughput of each benchmark beside Go statedb's published figure.
 
-usage: statedb_table.py MIMALLOC_LOG SYSALLOC_LOG
+usage: statedb_table.py MIMALLOC_LOG[,LOG...] SYSALLOC_LOG[,LOG...]
+(several comma-separated logs: each figure is the median over the runs)
 """
 import re
+import statistics
 import sys
 
 # Go statedb's published figures (Intel i5-10210U), objects/s. Changes_Baseline
@@ -35,12 +37,19 @@ def medians(path):
     return out
 
 
+def medians_runs(arg):
+    """`medians` over comma-separated logs: each benchmark's median run."""
+    runs = [medians(p) for p in arg.split(",")]
+    names = {k for r in runs for k in r}
+    return {k: statistics.median(r[k] for r in runs if k in r) for k in names}
+
+
 def fmt(v):
     return f"{v / 1e6:.3f}M" if v >= 1e6 else f"{v / 1e3:.1f}k"
 
 
 def main():
-    mi, sy = medians(sys.argv[1]), medians(sys.argv[2])
+    mi, sy = medians_runs(sys.argv[1]), medians_runs(sys.argv[2])
     print("| benchmark (objects/s) | ours, mimalloc | ours, system alloc | Go statedb "
           "| ours ÷ Go (mimalloc) | ours ÷ Go (system) |")
     print("|---|---|---|---|---|---|")

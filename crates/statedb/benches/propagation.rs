@@ -65,18 +65,23 @@ fn main() {
             let _ = ta;
             let mut woke = 0u64;
             let ns = || epoch.elapsed().as_nanos() as u64;
+            // (id, deleted) of each change: the changes are borrowed from
+            // the snapshot (`Changes::iter`), no object reference taken.
+            let mut batch: Vec<(u64, bool)> = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let r = db.read_txn();
                 let opened = ns();
-                let (batch, watch) = changes.next(&r).unwrap();
+                batch.clear();
+                let (it, watch) = changes.iter(&r).unwrap();
+                batch.extend(it.map(|c| (c.object.id, c.is_delete())));
                 if !batch.is_empty() {
                     let read = ns();
                     let mut w = db.write_txn(&[&tb]).unwrap();
-                    for c in &batch {
-                        if c.is_delete() {
-                            tb.delete_key(&mut w, &c.object.id).unwrap();
+                    for &(id, deleted) in &batch {
+                        if deleted {
+                            tb.delete_key(&mut w, &id).unwrap();
                         } else {
-                            tb.insert(&mut w, obj(c.object.id)).unwrap();
+                            tb.insert(&mut w, obj(id)).unwrap();
                         }
                     }
                     stamps[0].store(woke, Ordering::Relaxed);
@@ -88,10 +93,10 @@ fn main() {
                     stamps[3].store(ns(), Ordering::Relaxed);
                     w.commit().unwrap();
                 }
-                // Let go of the snapshot and the batch before waiting: a
-                // snapshot held across the wait keeps its version alive, and
-                // whoever drops a version last frees it.
-                drop((r, batch));
+                // Let go of the snapshot before waiting: a snapshot held
+                // across the wait keeps its version alive, and whoever drops
+                // a version last frees it.
+                drop(r);
                 wait(&watch, spin, Duration::from_millis(50));
                 woke = ns();
             }
@@ -122,6 +127,8 @@ fn main() {
             if o.is_some() {
                 break;
             }
+            // As the consumer: no snapshot held while waiting.
+            drop(r);
             wait(&watch, spin, Duration::from_secs(10));
         }
         if round >= warmup {

@@ -10,10 +10,11 @@
 //! the lowest processed revision of the live trackers (all of them when none
 //! is left).
 
+use std::iter::Peekable;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use part::{Scan, Watch};
+use part::Watch;
 
 use crate::object::Object;
 use crate::table::{Storable, Table};
@@ -76,6 +77,120 @@ impl<T> Change<T> {
     }
 }
 
+/// One change borrowed from a read transaction: what [`Changes::iter`]
+/// yields. No reference count moves; [`ChangeRef::to_owned`] makes a
+/// [`Change`] that outlives the snapshot.
+#[derive(Debug)]
+pub struct ChangeRef<'a, T> {
+    /// The object (for a delete, its last version).
+    pub object: &'a Arc<Object<T>>,
+    /// The revision of the change (for a delete, the delete's revision).
+    pub revision: Revision,
+    /// Insert, update or delete.
+    pub kind: ChangeKind,
+}
+
+impl<T> Clone for ChangeRef<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for ChangeRef<'_, T> {}
+
+impl<T> ChangeRef<'_, T> {
+    /// Whether the change is a delete.
+    pub fn is_delete(&self) -> bool {
+        self.kind == ChangeKind::Delete
+    }
+
+    /// The change with its own reference to the object.
+    pub fn to_owned(&self) -> Change<T> {
+        Change {
+            object: self.object.clone(),
+            revision: self.revision,
+            kind: self.kind,
+        }
+    }
+}
+
+/// The changes a consumer has not seen yet, up to one snapshot, borrowed
+/// from it ([`Changes::iter`]). Each change yielded advances the consumer;
+/// dropped before the end, it leaves the consumer after the last change it
+/// yielded, so the next call resumes there and nothing is lost.
+pub struct ChangesIter<'a, T> {
+    /// The revision index and the graveyard from the position on; `None`
+    /// when the snapshot holds nothing new.
+    scans: Option<(Scan<'a, T>, Scan<'a, T>)>,
+    pos: &'a mut Revision,
+    tracker: &'a Tracker,
+    /// The snapshot's table revision: the position once every change is out.
+    end: Revision,
+}
+
+type Scan<'a, T> = Peekable<part::Iter<'a, Arc<Object<T>>>>;
+
+impl<T> std::fmt::Debug for ChangesIter<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChangesIter")
+            .field("pos", &*self.pos)
+            .field("end", &self.end)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a, T> Iterator for ChangesIter<'a, T> {
+    type Item = ChangeRef<'a, T>;
+
+    fn next(&mut self) -> Option<ChangeRef<'a, T>> {
+        let Some((live, dead)) = &mut self.scans else {
+            *self.pos = self.end;
+            return None;
+        };
+        let take_live = match (live.peek(), dead.peek()) {
+            (None, None) => {
+                *self.pos = self.end;
+                return None;
+            }
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some((a, _)), Some((b, _))) => a < b,
+        };
+        let change = if take_live {
+            let (k, object) = live.next()?;
+            let kind = if object.created_revision() == object.revision() {
+                ChangeKind::Insert
+            } else {
+                ChangeKind::Update
+            };
+            ChangeRef {
+                object,
+                revision: decode_rev(k),
+                kind,
+            }
+        } else {
+            let (k, object) = dead.next()?;
+            ChangeRef {
+                object,
+                revision: decode_rev(k),
+                kind: ChangeKind::Delete,
+            }
+        };
+        *self.pos = change.revision;
+        Some(change)
+    }
+}
+
+impl<T> Drop for ChangesIter<'_, T> {
+    fn drop(&mut self) {
+        // Everything up to the position was handed out: the collector may
+        // drop those deletes.
+        self.tracker
+            .processed
+            .fetch_max(*self.pos, Ordering::AcqRel);
+    }
+}
+
 /// A change-stream consumer: yields every insert, update and delete of a
 /// table in revision order. Consumers are independent; dropping one
 /// releases the graveyard entries it was holding.
@@ -126,51 +241,37 @@ impl<T: Storable> Changes<T> {
     /// The changes after the consumer's position up to the snapshot `txn`,
     /// in revision order, and a watch that fires when more are committed.
     /// Advances the position (and lets the collector drop the deletes
-    /// returned).
+    /// returned). [`Changes::iter`] yields the same without copying.
     pub fn next(&mut self, txn: &ReadTxn) -> Result<(Vec<Change<T>>, Watch)> {
+        let (it, watch) = self.iter(txn)?;
+        Ok((it.map(|c| c.to_owned()).collect(), watch))
+    }
+
+    /// [`Changes::next`] borrowed from `txn`: the changes as they are read,
+    /// with no reference count moved and no list built. Each change yielded
+    /// advances the consumer; stopping early loses nothing (see
+    /// [`ChangesIter`]).
+    pub fn iter<'a>(&'a mut self, txn: &'a ReadTxn) -> Result<(ChangesIter<'a, T>, Watch)> {
         let root = txn.root(&self.table)?;
         let watch = root.revisions.root_watch();
-        if root.revision <= self.pos {
-            return Ok((Vec::new(), watch));
-        }
-        let from = Scan::LowerBound(crate::key::rev_key(self.pos + 1).to_vec());
-        let mut live = root.revisions.scan(&from, false).peekable();
-        let mut dead = root.graveyard.scan(&from, false).peekable();
-        let mut out = Vec::new();
-        loop {
-            let take_live = match (live.peek(), dead.peek()) {
-                (None, None) => break,
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
-                (Some((a, _)), Some((b, _))) => a < b,
-            };
-            if take_live {
-                if let Some((k, o)) = live.next() {
-                    let revision = decode_rev(k);
-                    let kind = if o.created_revision() == o.revision() {
-                        ChangeKind::Insert
-                    } else {
-                        ChangeKind::Update
-                    };
-                    out.push(Change {
-                        object: o.clone(),
-                        revision,
-                        kind,
-                    });
-                }
-            } else if let Some((k, o)) = dead.next() {
-                out.push(Change {
-                    object: o.clone(),
-                    revision: decode_rev(k),
-                    kind: ChangeKind::Delete,
-                });
-            }
-        }
-        self.pos = root.revision;
-        self.tracker
-            .processed
-            .fetch_max(root.revision, Ordering::AcqRel);
-        Ok((out, watch))
+        let scans = (root.revision > self.pos).then(|| {
+            let from = crate::key::rev_key(self.pos + 1);
+            let from: &[u8] = &from;
+            (
+                root.revisions.range(from..).peekable(),
+                root.graveyard.range(from..).peekable(),
+            )
+        });
+        let end = root.revision.max(self.pos);
+        Ok((
+            ChangesIter {
+                scans,
+                pos: &mut self.pos,
+                tracker: &self.tracker,
+                end,
+            },
+            watch,
+        ))
     }
 
     /// The revision up to which changes were returned.

@@ -14,7 +14,9 @@
 //!   its result may have changed;
 //! * every object carries the revision of its last write; [`Table::changes`]
 //!   follows inserts, updates and deletes in revision order, keeping deleted
-//!   objects in a graveyard only while some consumer still needs them;
+//!   objects in a graveyard only while some consumer still needs them
+//!   ([`Changes::next`] copies a batch out, [`Changes::iter`] borrows it
+//!   from the snapshot and may stop after any change);
 //! * tables become initialized once every registered [`Initializer`] is
 //!   done ([`Table::initialized_watch`]);
 //! * per-table metrics go to the `metrics` facade ([`Db::stats`] has the same
@@ -61,7 +63,7 @@ mod table;
 mod txn;
 mod wait;
 
-pub use changes::{Change, ChangeKind, Changes};
+pub use changes::{Change, ChangeKind, ChangeRef, Changes, ChangesIter};
 pub use db::{Db, DbOptions, TableOptions, TableStats};
 pub use error::Error;
 pub use index::{AnyIndex, Index};

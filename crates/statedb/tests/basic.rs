@@ -594,3 +594,65 @@ fn stats_count_every_concurrent_commit() {
     assert_eq!(s[0].objects as u64, u64::from(total - aborted));
     assert!(s[0].lock_hold.2 >= s[0].commit.2);
 }
+
+#[test]
+fn changes_iter_borrows_what_next_copies_and_resumes_after_a_partial_read() {
+    let f = fixture();
+    let t = &f.table;
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    let mut copied = t.changes(&mut w).unwrap();
+    let mut borrowed = t.changes(&mut w).unwrap();
+    for (id, name) in (1..=6).zip(["a", "b", "c", "d", "e", "f"]) {
+        t.insert(&mut w, obj(id, name, &[], 0)).unwrap();
+    }
+    w.commit().unwrap();
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.insert(&mut w, obj(2, "b2", &[], 0)).unwrap();
+    t.delete_key(&mut w, &4u32).unwrap();
+    t.delete_key(&mut w, &5u32).unwrap();
+    let r = w.commit().unwrap();
+    let key = |c: &Change<Obj>| (c.object.id, c.revision, c.kind);
+
+    let (batch, _) = copied.next(&r).unwrap();
+    let expected: Vec<_> = batch.iter().map(key).collect();
+    // 1, 3 and 6 as inserted, 2 as updated (its first version is not
+    // replayed), then the two deletes.
+    assert_eq!(expected.len(), 6);
+    assert_eq!(expected[3].2, ChangeKind::Update);
+
+    // Three, then the iterator is dropped: the consumer sits after them.
+    let (it, watch) = borrowed.iter(&r).unwrap();
+    let first: Vec<_> = it.take(3).map(|c| key(&c.to_owned())).collect();
+    assert_eq!(first, expected[..3]);
+    assert_eq!(borrowed.position(), expected[2].1);
+    assert!(!watch.is_closed());
+    // `copied` is past both deletes, `borrowed` before them: kept.
+    assert_eq!(f.db.collect_garbage(), 0);
+
+    // A later snapshot: the rest, then what came after.
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.delete_key(&mut w, &1u32).unwrap();
+    let r2 = w.commit().unwrap();
+    assert!(watch.is_closed());
+    let (it, _) = borrowed.iter(&r2).unwrap();
+    let rest: Vec<_> = it
+        .map(|c| {
+            assert_eq!(c.is_delete(), c.kind == ChangeKind::Delete);
+            key(&c.to_owned())
+        })
+        .collect();
+    assert_eq!(rest[..3], expected[3..]);
+    assert_eq!(rest.len(), 4);
+    assert_eq!((rest[3].0, rest[3].2), (1, ChangeKind::Delete));
+    assert_eq!(borrowed.position(), t.revision(&r2).unwrap());
+    // Nothing new: an empty iterator that leaves the position alone.
+    let (mut it, _) = borrowed.iter(&r2).unwrap();
+    assert!(it.next().is_none());
+    drop(it);
+    assert_eq!(borrowed.position(), t.revision(&r2).unwrap());
+    // Both consumers are past the first two deletes; the third waits for
+    // `copied`.
+    assert_eq!(f.db.collect_garbage(), 2);
+    copied.next(&r2).unwrap();
+    assert_eq!(f.db.collect_garbage(), 1);
+}

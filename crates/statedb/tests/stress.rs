@@ -50,7 +50,7 @@ fn concurrent_txns_and_consumers() {
     // Consumers: two per table, registered before the writers start.
     let mut consumers = Vec::new();
     for ti in 0..3 {
-        for _ in 0..2 {
+        for which in 0..2 {
             let mut w = db.write_txn(&[&fs[ti].table]).unwrap();
             let mut ch = fs[ti].table.changes(&mut w).unwrap();
             w.commit().unwrap();
@@ -63,7 +63,24 @@ fn concurrent_txns_and_consumers() {
                 loop {
                     let finished = done.load(Ordering::SeqCst);
                     let r = db.read_txn();
-                    let (changes, watch) = ch.next(&r).unwrap();
+                    // The first consumer takes whole batches (`next`); the
+                    // second borrows them (`iter`) a few at a time, dropping
+                    // the iterator after each few: nothing may be lost.
+                    let (changes, watch) = if which == 0 {
+                        ch.next(&r).unwrap()
+                    } else {
+                        let mut all = Vec::new();
+                        let mut chunk = 1 + batches % 4;
+                        loop {
+                            let (it, watch) = ch.iter(&r).unwrap();
+                            let before = all.len();
+                            all.extend(it.take(chunk).map(|c| c.to_owned()));
+                            if all.len() - before < chunk {
+                                break (all, watch);
+                            }
+                            chunk = 1 + (chunk + all.len()) % 5;
+                        }
+                    };
                     for c in &changes {
                         assert!(c.revision > last, "revisions must strictly increase");
                         last = c.revision;
