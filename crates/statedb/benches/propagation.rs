@@ -51,7 +51,8 @@ fn main() {
     let b = new_db_with(&db, "b", false, env_layout());
     let stop = Arc::new(AtomicBool::new(false));
     // Stage stamps of the consumer's last batch (ns since `epoch`): woke,
-    // opened its read transaction, read the changes, about to commit. Published by the commit's Release store.
+    // opened its read transaction, read the changes, about to commit.
+    // Published by the commit's Release store.
     let epoch = Instant::now();
     let stamps: Arc<[AtomicU64; 4]> = Arc::new(Default::default());
 
