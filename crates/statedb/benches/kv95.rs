@@ -9,10 +9,10 @@
 
 mod common;
 
-/// Same allocator as the criterion suite (see `statedb.rs`).
 #[path = "../../part/benches/support/fast_mimalloc.rs"]
 mod fast_mimalloc;
 
+/// Same allocator as the criterion suite (see `statedb.rs`).
 #[global_allocator]
 static ALLOC: fast_mimalloc::FastMiMalloc = fast_mimalloc::FastMiMalloc;
 
@@ -30,7 +30,7 @@ const OBJECTS: u64 = 100_000;
 fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
     let b = Arc::new(new_db_layout(false, env_layout()));
     fill(&b, OBJECTS);
-    let before = lock_figures(&b.db);
+    let before = lock_figures(&b);
     let t_run = Instant::now();
     let barrier = Arc::new(Barrier::new(threads));
     let write_pct = write_pct();
@@ -79,7 +79,7 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
         all.extend(lat);
     }
     let wall = t_run.elapsed();
-    let after = lock_figures(&b.db);
+    let after = lock_figures(&b);
     let (writes, waited, held) = (
         after.0 - before.0,
         after.1.saturating_sub(before.1),
@@ -97,10 +97,10 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
 }
 
 /// (write-lock acquisitions, total wait, total hold) of the bench's table.
-fn lock_figures(db: &statedb::Db) -> (u64, Duration, Duration) {
-    db.stats()
+fn lock_figures(b: &Bench) -> (u64, Duration, Duration) {
+    b.db.stats()
         .into_iter()
-        .find(|s| s.name == "test")
+        .find(|s| s.name == b.table.name())
         .map(|s| (s.lock_wait.0, s.lock_wait.1, s.lock_hold.1))
         .unwrap_or_default()
 }

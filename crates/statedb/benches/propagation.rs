@@ -14,10 +14,10 @@
 
 mod common;
 
-/// Same allocator as the criterion suite (see `statedb.rs`).
 #[path = "../../part/benches/support/fast_mimalloc.rs"]
 mod fast_mimalloc;
 
+/// Same allocator as the criterion suite (see `statedb.rs`).
 #[global_allocator]
 static ALLOC: fast_mimalloc::FastMiMalloc = fast_mimalloc::FastMiMalloc;
 

@@ -59,6 +59,9 @@ fn main() -> Result<(), statedb::Error> {
                 if done {
                     break;
                 }
+                // No snapshot held while blocked: whoever lets go of a
+                // version last frees it.
+                drop(r);
                 watch.wait();
             }
             println!("reconciler: desired state initialized, reconciling");
@@ -100,6 +103,7 @@ fn main() -> Result<(), statedb::Error> {
                 {
                     return Ok(applied);
                 }
+                drop((batch, r));
                 watch.wait_timeout(Duration::from_secs(5));
             }
         })
@@ -130,6 +134,7 @@ fn main() -> Result<(), statedb::Error> {
             if want == have && desired.revision(&r)? >= rev {
                 return Ok(());
             }
+            drop(r);
             watch.wait_timeout(Duration::from_secs(5));
         }
     };
