@@ -21,6 +21,15 @@ pub(crate) fn small(b: &[u8]) -> crate::node::Bytes {
     if n > 16 {
         return crate::node::Bytes::from_slice(b);
     }
+    crate::node::Bytes::from_buf_and_len(pad16(b), n)
+}
+
+/// `b` (at most 16 bytes) copied into a zeroed 16-byte buffer with word
+/// moves.
+#[inline(always)]
+pub(crate) fn pad16(b: &[u8]) -> [u8; 16] {
+    let n = b.len();
+    debug_assert!(n <= 16);
     let mut buf = [0u8; 16];
     if n >= 8 {
         buf[..8].copy_from_slice(&b[..8]);
@@ -31,7 +40,7 @@ pub(crate) fn small(b: &[u8]) -> crate::node::Bytes {
     } else {
         buf[..n].copy_from_slice(b);
     }
-    crate::node::Bytes::from_buf_and_len(buf, n)
+    buf
 }
 
 /// Compares two slices of equal length with (possibly overlapping) word

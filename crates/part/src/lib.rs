@@ -34,6 +34,7 @@
 
 mod bytes;
 mod child;
+mod finger;
 mod iter;
 mod lazy;
 mod node;

@@ -179,6 +179,7 @@ impl<V> Tree<V> {
 
 impl<V: Clone> Tree<V> {
     /// A write transaction starting from this snapshot.
+    #[inline]
     pub fn txn(&self) -> Txn<V> {
         Txn::new(self.clone())
     }
@@ -225,8 +226,14 @@ pub(crate) fn range_scan<'k, R: RangeBounds<&'k [u8]>>(range: &R) -> ScanRef<'k>
 /// leaf with another key.
 #[inline]
 pub(crate) fn get<'a, V>(root: &'a Child<V>, key: &[u8]) -> Option<&'a V> {
-    let mut node = root;
-    let mut depth = 0;
+    get_below(root, key, 0)
+}
+
+/// [`get`] from an inner node whose segment ends at `depth` of `key`.
+#[inline(always)]
+pub(crate) fn get_below<'a, V>(node: &'a Child<V>, key: &[u8], depth: usize) -> Option<&'a V> {
+    let mut node = node;
+    let mut depth = depth;
     loop {
         let Some(&b) = key.get(depth) else {
             return match node.terminal()?.kind() {

@@ -10,9 +10,12 @@ use std::ops::RangeBounds;
 
 use smallvec::SmallVec;
 
+use std::ptr::NonNull;
+
+use crate::finger::Finger;
 use crate::iter::{IntoIter, Iter, Scan, ScanRef};
 use crate::node::{Child, Kind, NodeMut};
-use crate::tree::{get, range_scan, Options, Tree};
+use crate::tree::{get, get_below, range_scan, Options, Tree};
 use crate::watch::WatchInner;
 use crate::{Error, MAX_KEY_LEN};
 
@@ -23,6 +26,7 @@ pub struct Txn<V> {
     len: usize,
     opts: Options,
     rec: Recorder<V>,
+    finger: Finger<V>,
 }
 
 /// What a commit must close.
@@ -30,8 +34,10 @@ struct Recorder<V> {
     /// Superseded nodes that older snapshots may still reach. Inline for
     /// small transactions: a one-key commit allocates no list.
     nodes: SmallVec<[Child<V>; 8]>,
-    /// Live watches taken from nodes changed in place.
-    watches: Vec<std::sync::Arc<WatchInner>>,
+    /// Live watches taken from nodes changed in place (rare: boxed to keep
+    /// `Txn` small).
+    #[allow(clippy::box_collection, reason = "one word in `Txn` instead of three")]
+    watches: Option<Box<Vec<std::sync::Arc<WatchInner>>>>,
     /// Track every node (false: root only).
     all: bool,
 }
@@ -52,7 +58,7 @@ impl<V> Drop for Notifier<V> {
         for n in self.rec.nodes.drain(..) {
             n.header().watch.close();
         }
-        for w in self.rec.watches.drain(..) {
+        for w in self.rec.watches.take().into_iter().flat_map(|b| *b) {
             w.close();
         }
     }
@@ -62,7 +68,7 @@ impl<V> std::fmt::Debug for Notifier<V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Notifier")
             .field("nodes", &self.rec.nodes.len())
-            .field("watches", &self.rec.watches.len())
+            .field("watches", &self.rec.watches.as_ref().map_or(0, |w| w.len()))
             .finish()
     }
 }
@@ -105,12 +111,18 @@ impl<V: Clone> Recorder<V> {
             Some(mut node) => {
                 // Changed in place: whoever watched the old contents must hear.
                 if let Some(w) = reborrow(&mut node).take_watch() {
-                    self.watches.push(w);
+                    self.watch(w);
                 }
                 node
             }
             None => unreachable!("a fresh copy is unique"),
         }
+    }
+
+    /// Keeps a live watch taken from a node changed in place.
+    #[cold]
+    fn watch(&mut self, w: std::sync::Arc<WatchInner>) {
+        self.watches.get_or_insert_with(Box::default).push(w);
     }
 
     /// Records a node leaving the tree.
@@ -135,16 +147,18 @@ fn reborrow<'b, V>(n: &'b mut NodeMut<'_, V>) -> NodeMut<'b, V> {
 }
 
 impl<V: Clone> Txn<V> {
+    #[inline]
     pub(crate) fn new(tree: Tree<V>) -> Self {
         Txn {
             rec: Recorder {
                 nodes: SmallVec::new(),
-                watches: Vec::new(),
+                watches: None,
                 all: !tree.opts.root_only_watch,
             },
             root: tree.root,
             len: tree.len,
             opts: tree.opts,
+            finger: Finger::new(),
         }
     }
 
@@ -161,15 +175,25 @@ impl<V: Clone> Txn<V> {
     ) -> Result<Option<V>, Error> {
         check_key(key)?;
         let rec = &mut self.rec;
-        let mut slot: &mut Child<V> = &mut self.root;
-        let mut depth = 0usize;
-        let mut is_root = true;
+        let finger = &mut self.finger;
+        // SAFETY: the slot is borrowed for no longer than `&mut self`.
+        let (mut slot, mut depth, mut is_root) = match unsafe { finger.take(key) } {
+            Some((slot, depth)) => (slot, depth, false),
+            None => (&mut self.root, 0usize, true),
+        };
+        // The slot of the last inner node passed (for a key that ends in a
+        // leaf below it).
+        let mut parent: Option<(NonNull<Child<V>>, usize)> = None;
         loop {
             // Where does the key leave the path through this node?
             let split = match slot.kind() {
                 Kind::Leaf(l) => {
                     if crate::bytes::eq(&l.h.bytes, key) {
-                        return Ok(Some(replace_leaf(rec, slot, key, f)));
+                        let old = replace_leaf(rec, slot, key, f);
+                        if let Some((p, d)) = parent {
+                            finger.set(p, key, d);
+                        }
+                        return Ok(Some(old));
                     }
                     Some(common_prefix(&l.h.bytes[depth..], &key[depth..]))
                 }
@@ -187,10 +211,13 @@ impl<V: Clone> Txn<V> {
                 }
                 slot.place(depth + cp, old);
                 self.len += 1;
+                if !is_root {
+                    finger.set(NonNull::from(slot), key, depth);
+                }
                 return Ok(None);
             }
             rec.make_mut(slot, is_root);
-            is_root = false;
+            let top = depth;
             depth += slot.bytes().len();
             if depth == key.len() {
                 let term = slot.get_mut().and_then(NodeMut::terminal_mut);
@@ -210,6 +237,9 @@ impl<V: Clone> Txn<V> {
             if slot.find_child(b).is_none() {
                 slot.add_child(b, Child::leaf(key, f(None)));
                 self.len += 1;
+                if !is_root {
+                    finger.set(NonNull::from(slot), key, top);
+                }
                 return Ok(None);
             }
             slot.room_for_patch(b);
@@ -226,24 +256,40 @@ impl<V: Clone> Txn<V> {
                             rec.nodes.push(g);
                         }
                         slot.replace_borrowed(b, Some(new));
+                        if !is_root {
+                            finger.set(NonNull::from(slot), key, top);
+                        }
                         return Ok(Some(old));
                     }
                 }
             }
-            slot = child_slot(slot, b);
+            // Descend through a raw pointer, which the finger may keep: the
+            // `&mut` it came from is not used again.
+            let here = NonNull::from(slot);
+            parent = (!is_root).then_some((here, top));
+            is_root = false;
+            // SAFETY: `here` was made from the unique borrow `slot`, which
+            // ends here; the child slot borrows from it.
+            slot = child_slot(unsafe { &mut *here.as_ptr() }, b);
         }
     }
 
     /// Removes `key`; returns its value.
     pub fn delete(&mut self, key: &[u8]) -> Option<V> {
+        let rec = &mut self.rec;
+        let finger = &mut self.finger;
+        // SAFETY: the slot is borrowed for no longer than `&mut self`.
+        // (A finger on a leaf, left by a delete that merged its node away,
+        // is not a place this loop can start from.)
+        let (mut slot, mut depth, mut is_root) = match unsafe { finger.take(key) } {
+            Some((slot, depth)) if !slot.is_leaf() => (slot, depth, false),
+            _ => (&mut self.root, 0usize, true),
+        };
         // Look before copying: deleting a missing key must copy no node and
         // fire no watch. The second walk finds its nodes in cache.
-        get(&self.root, key)?;
-        let rec = &mut self.rec;
-        let mut slot: &mut Child<V> = &mut self.root;
-        let mut depth = 0usize;
-        let mut is_root = true;
+        get_below(slot, key, depth + slot.bytes().len())?;
         loop {
+            let top = depth;
             // Some((value, leaf to record)) once the key's leaf is unlinked
             // from this node; None to descend.
             let unlinked = {
@@ -273,6 +319,7 @@ impl<V: Clone> Txn<V> {
                     }
                     if !is_root {
                         normalize(rec, slot);
+                        finger.set(NonNull::from(slot), key, top);
                     }
                     self.len -= 1;
                     return Some(value);
@@ -319,6 +366,7 @@ impl<V: Clone> Txn<V> {
     /// An owning iterator over the transaction's current state. It shares
     /// nodes with the transaction, so later writes copy them again.
     pub fn scan_owned(&self, scan: &Scan, rev: bool) -> IntoIter<V> {
+        self.finger.invalidate();
         IntoIter::new(&self.root, scan.as_ref(), rev)
     }
 
@@ -330,6 +378,7 @@ impl<V: Clone> Txn<V> {
 
     /// Removes every key.
     pub fn clear(&mut self) {
+        self.finger.clear();
         let empty = Child::empty_inner(&[]);
         let old = std::mem::replace(&mut self.root, empty);
         self.len = 0;
@@ -389,7 +438,7 @@ fn replace_leaf<V: Clone, F: FnOnce(Option<&V>) -> V>(
 ) -> V {
     if let Some(NodeMut::Leaf(leaf)) = slot.get_mut() {
         if let Some(w) = leaf.h.watch.take() {
-            rec.watches.push(w);
+            rec.watch(w);
         }
         let new = f(Some(&leaf.value));
         return std::mem::replace(&mut leaf.value, new);
@@ -443,4 +492,11 @@ fn normalize<V: Clone>(rec: &mut Recorder<V>, slot: &mut Child<V>) {
         }
         _ => {}
     }
+}
+/// `Txn` is moved around by value (statedb keeps one per index in each
+/// table transaction): past 128 bytes those moves became `memcpy` calls.
+#[cfg(all(test, target_pointer_width = "64"))]
+#[test]
+fn txn_stays_small() {
+    assert!(std::mem::size_of::<Txn<u32>>() <= 128);
 }

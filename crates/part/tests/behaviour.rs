@@ -405,3 +405,57 @@ fn deep_trees_of_node256s_drop_every_value() {
     }
     assert_eq!(live.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
+
+/// The finger (where the last write ended) must not write into nodes an
+/// owning iterator of the transaction shares: regression guard for the
+/// stale flag `scan_owned` sets.
+#[test]
+fn owned_scan_of_a_txn_keeps_its_view_while_nearby_keys_are_written() {
+    let mut txn = Tree::<u32>::new().txn();
+    for i in 0..100u32 {
+        txn.insert(&(1000 + i).to_be_bytes(), i).unwrap();
+    }
+    let it = txn.scan_owned(&part::Scan::All, false);
+    // Same leaf parent as the last write: the finger's fast path.
+    for i in 100..200u32 {
+        txn.insert(&(1000 + i).to_be_bytes(), i).unwrap();
+    }
+    txn.modify(&1050u32.to_be_bytes(), |_| 7).unwrap();
+    let seen: Vec<u32> = it.map(|e| *e.value()).collect();
+    assert_eq!(seen, (0..100).collect::<Vec<_>>());
+    let t = txn.commit();
+    check(&t).unwrap();
+    assert_eq!(t.len(), 200);
+    assert_eq!(t.get(&1050u32.to_be_bytes()), Some(&7));
+}
+
+/// Writes in key order through the finger, mixed with deletes and
+/// snapshots, agree with a `BTreeMap` (the proptest covers random orders).
+#[test]
+fn ordered_batches_through_the_finger_match_a_btreemap() {
+    let mut model = std::collections::BTreeMap::new();
+    let mut tree = Tree::<u32>::new();
+    let mut snaps = Vec::new();
+    for round in 0..6u32 {
+        let mut txn = tree.txn();
+        for i in 0..700u32 {
+            let k = (round * 97 + i * 3).to_be_bytes();
+            if i % 11 == 5 {
+                assert_eq!(txn.delete(&k), model.remove(k.as_slice()));
+            } else {
+                assert_eq!(txn.insert(&k, i).unwrap(), model.insert(k.to_vec(), i));
+            }
+        }
+        txn.check_invariants().unwrap();
+        tree = txn.commit();
+        snaps.push((tree.clone(), model.clone()));
+    }
+    for (t, m) in &snaps {
+        check(t).unwrap();
+        let got: Vec<(Vec<u8>, u32)> = t.iter().map(|(k, v)| (k.to_vec(), *v)).collect();
+        assert_eq!(
+            got,
+            m.iter().map(|(k, v)| (k.clone(), *v)).collect::<Vec<_>>()
+        );
+    }
+}

@@ -18,6 +18,9 @@ enum Op {
     Snapshot,
     Query(Vec<u8>, Vec<u8>),
     Clear,
+    /// An owning iterator over the open transaction, read at the end: the
+    /// writes after it must not show through (they copy the shared nodes).
+    OwnedScan,
 }
 
 /// Keys from a small alphabet (shared prefixes, keys that are prefixes of
@@ -39,6 +42,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Abort),
         1 => Just(Op::Snapshot),
         3 => (key(), key()).prop_map(|(a, b)| Op::Query(a, b)),
+        1 => Just(Op::OwnedScan),
         1 => (0u8..40).prop_map(|x| if x == 0 { Op::Clear } else { Op::Commit }),
     ]
 }
@@ -138,6 +142,7 @@ proptest! {
         let mut txn = tree.txn();
         let mut model = committed.clone();
         let mut snapshots: Vec<(Tree<u32>, Model)> = Vec::new();
+        let mut owned = Vec::new();
 
         for op in ops {
             match op {
@@ -170,6 +175,7 @@ proptest! {
                     model = committed.clone();
                 }
                 Op::Snapshot => snapshots.push((tree.clone(), committed.clone())),
+                Op::OwnedScan => owned.push((txn.scan_owned(&Scan::All, false), model.clone())),
                 Op::Query(a, b) => {
                     check_reads(&tree, &committed, &a, &b)?;
                     prop_assert_eq!(collect(txn.iter()), model.iter().map(|(k, v)| (k.clone(), *v)).collect::<Vec<_>>());
@@ -185,6 +191,10 @@ proptest! {
         for (snap, m) in &snapshots {
             check(snap).map_err(TestCaseError::fail)?;
             check_reads(snap, m, b"\x01", b"\xff")?;
+        }
+        for (it, m) in owned {
+            let got: Vec<(Vec<u8>, u32)> = it.map(|e| (e.key().to_vec(), *e.value())).collect();
+            prop_assert_eq!(got, m.into_iter().collect::<Vec<_>>());
         }
     }
 
