@@ -24,23 +24,33 @@ pub(crate) fn small(b: &[u8]) -> crate::node::Bytes {
     crate::node::Bytes::from_buf_and_len(pad16(b), n)
 }
 
-/// `b` (at most 16 bytes) copied into a zeroed 16-byte buffer with word
-/// moves.
+/// `b` (at most 16 bytes) copied into a zeroed 16-byte buffer. Built from
+/// two overlapping loads combined as integers: written as slice copies, the
+/// branches were folded back into a `memcpy` call.
 #[inline(always)]
 pub(crate) fn pad16(b: &[u8]) -> [u8; 16] {
     let n = b.len();
     debug_assert!(n <= 16);
-    let mut buf = [0u8; 16];
-    if n >= 8 {
-        buf[..8].copy_from_slice(&b[..8]);
-        buf[n - 8..n].copy_from_slice(&b[n - 8..]);
+    // The bytes two overlapping loads share are equal, so OR-ing them is
+    // a copy.
+    let v: u128 = if n >= 8 {
+        let head = u64::from_le_bytes(b[..8].try_into().unwrap_or_default());
+        let tail = u64::from_le_bytes(b[n - 8..].try_into().unwrap_or_default());
+        head as u128 | (tail as u128) << ((n - 8) * 8)
     } else if n >= 4 {
-        buf[..4].copy_from_slice(&b[..4]);
-        buf[n - 4..n].copy_from_slice(&b[n - 4..]);
+        let head = u32::from_le_bytes(b[..4].try_into().unwrap_or_default());
+        let tail = u32::from_le_bytes(b[n - 4..].try_into().unwrap_or_default());
+        (head as u128) | (tail as u128) << ((n - 4) * 8)
+    } else if n >= 2 {
+        let head = u16::from_le_bytes([b[0], b[1]]);
+        let tail = u16::from_le_bytes([b[n - 2], b[n - 1]]);
+        (head as u128) | (tail as u128) << ((n - 2) * 8)
+    } else if n == 1 {
+        b[0] as u128
     } else {
-        buf[..n].copy_from_slice(b);
-    }
-    buf
+        0
+    };
+    v.to_le_bytes()
 }
 
 /// Compares two slices of equal length with (possibly overlapping) word
@@ -91,6 +101,13 @@ mod tests {
             prop_assert!(super::eq(&a, &same));
             let copied = super::small(&a);
             prop_assert_eq!(copied.as_slice(), a.as_slice());
+        }
+
+        #[test]
+        fn pad16_copies_and_zero_fills(a in proptest::collection::vec(any::<u8>(), 0..=16)) {
+            let mut want = [0u8; 16];
+            want[..a.len()].copy_from_slice(&a);
+            prop_assert_eq!(super::pad16(&a), want);
         }
     }
 }

@@ -116,7 +116,7 @@ impl<V> Finger<V> {
     /// `'a` must not outlive the exclusive borrow of the transaction that
     /// owns this finger, and the finger must have been set by a write of
     /// that transaction and kept by the rules in the module docs.
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn take<'a>(&mut self, key: &[u8]) -> Option<(&'a mut Child<V>, usize)> {
         let p = self.place.as_deref_mut()?;
         let slot = p.slot.take()?;
