@@ -66,6 +66,15 @@ pub fn main() {
                 }
                 base = t.commit();
             }
+            "getinsert" => {
+                // The bench's GetInsert: a lookup, then a write of the key.
+                let mut t = base.txn();
+                for i in 0..1000 {
+                    let v = t.get(&key(i)).copied().unwrap_or(0);
+                    t.insert(&key(i), v).unwrap();
+                }
+                base = t.commit();
+            }
             "get" => {
                 for i in 0..1000 {
                     sink += *base.get(&key(i)).unwrap() as u64;

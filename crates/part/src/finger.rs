@@ -134,6 +134,29 @@ impl<V> Finger<V> {
         // for `'a`.
         Some((unsafe { &mut *slot.as_ptr() }, p.depth))
     }
+
+    /// The node in the finger's slot, for a lookup of `key` that runs
+    /// through it, and the depth of its segment. Reading needs no `&mut`:
+    /// even a stale finger (an owning iterator shares the nodes) points into
+    /// the transaction's current tree until its next write.
+    ///
+    /// # Safety
+    ///
+    /// `'a` must not outlive the shared borrow of the transaction that owns
+    /// this finger.
+    #[inline(always)]
+    pub(crate) unsafe fn peek<'a>(&self, key: &[u8]) -> Option<(&'a Child<V>, usize)> {
+        let p = self.place.as_deref()?;
+        let slot = p.slot?;
+        let n = p.depth + 1;
+        if key.len() < n || !crate::bytes::eq(&key[..n], &p.prefix[..n]) {
+            return None;
+        }
+        // SAFETY: by the validity rule in the module docs the slot is a live
+        // word in the transaction's tree; the caller's shared borrow of the
+        // transaction excludes every write until `'a` ends.
+        Some((unsafe { &*slot.as_ptr() }, p.depth))
+    }
 }
 
 impl<V> Place<V> {

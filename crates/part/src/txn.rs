@@ -330,7 +330,14 @@ impl<V: Clone> Txn<V> {
 
     /// The value under `key`, this transaction's writes included.
     pub fn get(&self, key: &[u8]) -> Option<&V> {
-        get(&self.root, key)
+        // SAFETY: the node is borrowed for no longer than `&self`.
+        match unsafe { self.finger.peek(key) } {
+            // From the last write's leaf parent, as a write would start.
+            Some((node, depth)) if !node.is_leaf() => {
+                get_below(node, key, depth + node.bytes().len())
+            }
+            _ => get(&self.root, key),
+        }
     }
 
     /// Number of keys, this transaction's writes included.

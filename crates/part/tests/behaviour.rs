@@ -445,6 +445,11 @@ fn ordered_batches_through_the_finger_match_a_btreemap() {
             } else {
                 assert_eq!(txn.insert(&k, i).unwrap(), model.insert(k.to_vec(), i));
             }
+            // Lookups near the last write start at the finger.
+            for d in [0u32, 1, 3, 200] {
+                let near = (round * 97 + i * 3).wrapping_sub(d).to_be_bytes();
+                assert_eq!(txn.get(&near), model.get(near.as_slice()));
+            }
         }
         txn.check_invariants().unwrap();
         tree = txn.commit();
