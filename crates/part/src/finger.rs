@@ -170,3 +170,14 @@ impl<V> Place<V> {
         })
     }
 }
+
+/// A raw pointer to `slot` that a finger may keep, and the borrow to go on
+/// with, made from that pointer: the `&mut` it came from is consumed, so no
+/// use of it can invalidate the pointer.
+#[inline(always)]
+pub(crate) fn pin<V>(slot: &mut Child<V>) -> (NonNull<Child<V>>, &mut Child<V>) {
+    let p = NonNull::from(slot);
+    // SAFETY: `p` comes from a unique borrow that this call consumes, so the
+    // returned borrow (same lifetime) is the only way to reach the slot.
+    (p, unsafe { &mut *p.as_ptr() })
+}

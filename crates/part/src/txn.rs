@@ -263,14 +263,11 @@ impl<V: Clone> Txn<V> {
                     }
                 }
             }
-            // Descend through a raw pointer, which the finger may keep: the
-            // `&mut` it came from is not used again.
-            let here = NonNull::from(slot);
+            // Descend through a raw pointer, which the finger may keep.
+            let (here, node) = crate::finger::pin(slot);
             parent = (!is_root).then_some((here, top));
             is_root = false;
-            // SAFETY: `here` was made from the unique borrow `slot`, which
-            // ends here; the child slot borrows from it.
-            slot = child_slot(unsafe { &mut *here.as_ptr() }, b);
+            slot = child_slot(node, b);
         }
     }
 
