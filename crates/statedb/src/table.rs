@@ -565,10 +565,10 @@ pub struct Objects<'a, T> {
 }
 
 impl<'a, T> Objects<'a, T> {
-    /// Callers read each object, so the scan steps leaf by leaf (see
-    /// [`part::Iter::stepwise`]).
+    /// Forward scans walk leaf runs (see [`part::Iter::stepwise`] for the
+    /// measurements).
     fn new(it: part::Iter<'a, Obj<T>>) -> Self {
-        Objects { it: it.stepwise() }
+        Objects { it }
     }
 }
 
