@@ -21,6 +21,9 @@ GO = {
     "FullIteration_Get": 71.2e6, "Nibbles/WriteTxn_1": 323e3,
     "Nibbles/WriteTxn_100": 930e3, "Nibbles/RandomLookup": 12.1e6,
 }
+# The second anchor set: Go statedb on a newer arm64 machine, ns per
+# object, as objects/s.
+ARM64 = {"WriteTxn_1": 1e9 / 1211, "WriteTxn_100": 1e9 / 385}
 UNIT = {"elem/s": 1.0, "Kelem/s": 1e3, "Melem/s": 1e6, "Gelem/s": 1e9}
 
 
@@ -61,6 +64,12 @@ def main():
             "FullIteration_Get", "FullIteration_Get (100k)")
         print(f"| {label} | {fmt(a)} | {fmt(b) if b else ''} | {fmt(go)} | {a / go:.2f}× "
               f"| {f'{b / go:.2f}×' if b else ''} |")
+    for name, go in ARM64.items():
+        if name not in mi:
+            continue
+        a, b = mi[name], sy.get(name)
+        print(f"| {name} (arm64 anchor) | {fmt(a)} | {fmt(b) if b else ''} | {fmt(go)} "
+              f"| {a / go:.2f}× | {f'{b / go:.2f}×' if b else ''} |")
 
 
 if __name__ == "__main__":
