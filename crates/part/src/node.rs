@@ -841,23 +841,33 @@ impl<V> Child<V> {
                 }
                 Child::new(NodeRc::new(m))
             }
+            // Both visit only the bytes that may hold a child (the presence
+            // map, and a delta's patches), in byte order.
             Some(NodeMut::D256(x)) if n < N256_MIN => {
-                let kids: Vec<(u8, Child<V>)> = (0..=255u8)
-                    .filter_map(|b| {
-                        let c = match x.patch_index(b) {
-                            Some(i) => x.patches[i].take(),
-                            None => x.base.slots.get(b).cloned(),
-                        };
-                        c.map(|c| (b, c))
-                    })
-                    .collect();
-                n48_from(&mut x.h, x.terminal.take(), kids)
+                let mut m = n48_empty(&mut x.h, x.terminal.take());
+                let base = x.base.slots.present();
+                let bits: [u64; 4] = std::array::from_fn(|w| base[w] | x.patched[w]);
+                crate::slots::each_bit(bits, |b| {
+                    let b = b as u8;
+                    let c = match x.patch_index(b) {
+                        Some(i) => x.patches[i].take(),
+                        None => x.base.slots.get(b).cloned(),
+                    };
+                    if let Some(c) = c {
+                        n48_push(&mut m, b, c);
+                    }
+                });
+                Child::new(NodeRc::new(m))
             }
             Some(NodeMut::N256(x)) if n < N256_MIN => {
-                let kids: Vec<(u8, Child<V>)> = (0..=255u8)
-                    .filter_map(|b| x.slots.take(b).map(|c| (b, c)))
-                    .collect();
-                n48_from(&mut x.h, x.terminal.take(), kids)
+                let mut m = n48_empty(&mut x.h, x.terminal.take());
+                let slots = &mut x.slots;
+                crate::slots::each_bit(slots.present(), |b| {
+                    if let Some(c) = slots.take(b as u8) {
+                        n48_push(&mut m, b as u8, c);
+                    }
+                });
+                Child::new(NodeRc::new(m))
             }
             _ => return,
         };
@@ -865,10 +875,10 @@ impl<V> Child<V> {
     }
 }
 
-/// A node48 holding `kids` (fewer than 48, in byte order) under the
-/// segment taken from `h`: a node256 or delta shrinking.
-fn n48_from<V>(h: &mut Header, terminal: Option<Child<V>>, kids: Vec<(u8, Child<V>)>) -> Child<V> {
-    let mut m = N48 {
+/// An empty node48 under the segment taken from `h` (a node256 or delta
+/// shrinking); [`n48_push`] fills it in byte order.
+fn n48_empty<V>(h: &mut Header, terminal: Option<Child<V>>) -> N48<V> {
+    N48 {
         h: Header {
             bytes: std::mem::take(&mut h.bytes),
             watch: LazyWatch::new(),
@@ -877,14 +887,15 @@ fn n48_from<V>(h: &mut Header, terminal: Option<Child<V>>, kids: Vec<(u8, Child<
         len: 0,
         index: [0; 256],
         children: none_array(),
-    };
-    for (b, c) in kids {
-        let i = m.len as usize;
-        m.children[i] = Some(c);
-        m.index[b as usize] = i as u8 + 1;
-        m.len += 1;
     }
-    Child::new(NodeRc::new(m))
+}
+
+/// Appends child `c` under byte `b` (the caller has fewer than 48).
+fn n48_push<V>(m: &mut N48<V>, b: u8, c: Child<V>) {
+    let i = m.len as usize;
+    m.children[i] = Some(c);
+    m.index[b as usize] = i as u8 + 1;
+    m.len += 1;
 }
 
 impl<'a, V> NodeMut<'a, V> {

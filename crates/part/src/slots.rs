@@ -160,6 +160,12 @@ impl<V> Slots256<V> {
         self.children[b as usize].as_mut()
     }
 
+    /// Which bytes hold a child.
+    #[inline]
+    pub(crate) fn present(&self) -> [u64; 4] {
+        self.present
+    }
+
     /// Takes the child under `b` out, as an owned reference.
     #[inline]
     pub(crate) fn take(&mut self, b: u8) -> Option<Child<V>> {
