@@ -53,10 +53,12 @@ struct Place<V> {
 }
 
 // SAFETY: the pointer refers to memory owned by the same `Txn` (a slot in
-// one of its private nodes) and is dereferenced only through `&mut Txn`, so
-// sending or sharing the finger is sending or sharing that `Txn`'s nodes.
+// one of its private nodes), written only through `&mut Txn` and read
+// through `&Txn`, so sending or sharing the finger is sending or sharing
+// that `Txn`'s nodes.
 unsafe impl<V> Send for Finger<V> where Child<V>: Send {}
-// SAFETY: as above; `&Finger` gives no access to the slot.
+// SAFETY: as above: `&Finger` only reads through the slot (`peek`), which
+// is sound from any thread when `Child<V>` is `Sync`.
 unsafe impl<V> Sync for Finger<V> where Child<V>: Sync {}
 
 impl<V> Finger<V> {
