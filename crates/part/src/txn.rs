@@ -58,8 +58,10 @@ impl<V> Drop for Notifier<V> {
         for n in self.rec.nodes.drain(..) {
             n.header().watch.close();
         }
-        for w in self.rec.watches.take().into_iter().flat_map(|b| *b) {
-            w.close();
+        if let Some(ws) = self.rec.watches.take() {
+            for w in *ws {
+                w.close();
+            }
         }
     }
 }
