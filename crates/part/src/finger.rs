@@ -126,8 +126,7 @@ impl<V> Finger<V> {
             p.stale.store(false, Ordering::Relaxed);
             return None;
         }
-        let n = p.depth + 1;
-        if key.len() < n || !crate::bytes::eq(&key[..n], &p.prefix[..n]) {
+        if !p.leads_to(key) {
             return None;
         }
         // SAFETY: by the validity rule in the module docs the slot is a live
@@ -150,8 +149,7 @@ impl<V> Finger<V> {
     pub(crate) unsafe fn peek<'a>(&self, key: &[u8]) -> Option<(&'a Child<V>, usize)> {
         let p = self.place.as_deref()?;
         let slot = p.slot?;
-        let n = p.depth + 1;
-        if key.len() < n || !crate::bytes::eq(&key[..n], &p.prefix[..n]) {
+        if !p.leads_to(key) {
             return None;
         }
         // SAFETY: by the validity rule in the module docs the slot is a live
@@ -162,6 +160,14 @@ impl<V> Finger<V> {
 }
 
 impl<V> Place<V> {
+    /// Whether the walk for `key` passes through the slot: `key` starts
+    /// with the remembered `key[..=depth]`.
+    #[inline(always)]
+    fn leads_to(&self, key: &[u8]) -> bool {
+        let n = self.depth + 1;
+        key.len() >= n && crate::bytes::eq(&key[..n], &self.prefix[..n])
+    }
+
     #[cold]
     fn boxed() -> Box<Self> {
         Box::new(Place {
