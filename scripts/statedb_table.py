@@ -56,21 +56,16 @@ def main():
     print("| benchmark (objects/s) | ours, mimalloc | ours, system alloc | Go statedb "
           "| ours ÷ Go (mimalloc) | ours ÷ Go (system) |")
     print("|---|---|---|---|---|---|")
-    for name, go in GO.items():
+    rows = [(name, name.replace("FullIteration_All", "FullIteration_All (100k)")
+             .replace("FullIteration_Get", "FullIteration_Get (100k)"), go)
+            for name, go in GO.items()]
+    rows += [(name, f"{name} (arm64 anchor)", go) for name, go in ARM64.items()]
+    for name, label, go in rows:
         if name not in mi:
             continue
         a, b = mi[name], sy.get(name)
-        label = name.replace("FullIteration_All", "FullIteration_All (100k)").replace(
-            "FullIteration_Get", "FullIteration_Get (100k)")
         print(f"| {label} | {fmt(a)} | {fmt(b) if b else ''} | {fmt(go)} | {a / go:.2f}× "
               f"| {f'{b / go:.2f}×' if b else ''} |")
-    for name, go in ARM64.items():
-        if name not in mi:
-            continue
-        a, b = mi[name], sy.get(name)
-        print(f"| {name} (arm64 anchor) | {fmt(a)} | {fmt(b) if b else ''} | {fmt(go)} "
-              f"| {a / go:.2f}× | {f'{b / go:.2f}×' if b else ''} |")
-
 
 if __name__ == "__main__":
     main()
