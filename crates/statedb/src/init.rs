@@ -48,7 +48,7 @@ impl<T: Storable> Table<T> {
         writer.next_init_id += 1;
         Arc::make_mut(&mut state.pending).push((id, name.to_string()));
         if state.init.get(b"").is_none() {
-            state.init.insert(b"", ())?;
+            state.init.txn().insert(b"", ())?;
         }
         Ok(Initializer {
             table_uid: uid,
@@ -75,7 +75,7 @@ impl<T: Storable> Table<T> {
         };
         Arc::make_mut(&mut state.pending).remove(pos);
         if state.pending.is_empty() {
-            state.init.delete(b"");
+            state.init.txn().delete(b"");
         }
         Ok(())
     }

@@ -243,7 +243,7 @@ impl<'a, T> View<'a, T> {
     pub(crate) fn graveyard(&self) -> TreeRef<'a, Obj<T>> {
         match *self {
             View::Root(r) => TreeRef::Tree(&r.graveyard),
-            View::Txn(t) => TreeRef::Txn(&t.graveyard),
+            View::Txn(t) => t.graveyard.view(),
         }
     }
     pub(crate) fn revision(&self) -> Revision {
@@ -265,9 +265,9 @@ impl<'a, T> View<'a, T> {
 pub struct TableTxn<T> {
     pub(crate) indexes: SmallVec<[part::Txn<Obj<T>>; 2]>,
     pub(crate) revisions: part::Txn<Obj<T>>,
-    pub(crate) graveyard: part::Txn<Obj<T>>,
+    pub(crate) graveyard: LazyTxn<Obj<T>>,
     pub(crate) revision: Revision,
-    pub(crate) init: part::Txn<()>,
+    pub(crate) init: LazyTxn<()>,
     pub(crate) pending: Arc<Vec<(u64, String)>>,
     /// Some consumer follows the table: deleted objects go to the graveyard.
     pub(crate) track_deletes: bool,
@@ -327,9 +327,9 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
         let (revisions, n) = revisions.commit_only();
         notify.trees.push(n);
         let (graveyard, n) = graveyard.commit_only();
-        notify.trees.push(n);
+        notify.trees.extend(n);
         let (init, n) = init.commit_only();
-        notify.init = Some(n);
+        notify.init = n;
         let root = TableRoot {
             indexes,
             revisions,
@@ -351,8 +351,54 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
 /// Every part notifier of one table's commit: one allocation, dropped
 /// (firing the watches) after the new root is published.
 struct TableNotifier<T> {
-    trees: SmallVec<[part::Notifier<Obj<T>>; 4]>,
+    trees: SmallVec<[part::Notifier<Obj<T>>; 3]>,
     init: Option<part::Notifier<()>>,
+}
+
+/// A tree few transactions write (the graveyard, the initialization
+/// state): the committed tree until the first write opens a boxed
+/// [`part::Txn`] on it, so a transaction that leaves it alone builds,
+/// commits and notifies nothing for it.
+pub(crate) struct LazyTxn<V> {
+    tree: Tree<V>,
+    txn: Option<Box<part::Txn<V>>>,
+}
+
+impl<V: Clone> LazyTxn<V> {
+    fn new(tree: &Tree<V>) -> Self {
+        LazyTxn {
+            tree: tree.clone(),
+            txn: None,
+        }
+    }
+
+    /// The transaction, opened on first use.
+    pub(crate) fn txn(&mut self) -> &mut part::Txn<V> {
+        let tree = &self.tree;
+        self.txn.get_or_insert_with(|| Box::new(tree.txn()))
+    }
+
+    pub(crate) fn get(&self, key: &[u8]) -> Option<&V> {
+        self.view().get(key)
+    }
+
+    fn view(&self) -> TreeRef<'_, V> {
+        match &self.txn {
+            Some(t) => TreeRef::Txn(t),
+            None => TreeRef::Tree(&self.tree),
+        }
+    }
+
+    /// The new tree, and a notifier if the tree was written.
+    fn commit_only(self) -> (Tree<V>, Option<part::Notifier<V>>) {
+        match self.txn {
+            Some(t) => {
+                let (tree, n) = t.commit_only();
+                (tree, Some(n))
+            }
+            None => (self.tree, None),
+        }
+    }
 }
 
 fn check_len(index: &AnyIndex<impl Sized>, len: usize) -> Result<()> {
@@ -395,9 +441,9 @@ impl<T: Storable> TableTxn<T> {
         TableTxn {
             indexes: root.indexes.iter().map(|t| t.txn()).collect(),
             revisions: root.revisions.txn(),
-            graveyard: root.graveyard.txn(),
+            graveyard: LazyTxn::new(&root.graveyard),
             revision: root.revision,
-            init: root.init.txn(),
+            init: LazyTxn::new(&root.init),
             pending: root.pending.clone(),
             track_deletes,
             keys,
@@ -531,6 +577,7 @@ impl<T: Storable> TableTxn<T> {
         self.revision += 1;
         if self.track_deletes {
             self.graveyard
+                .txn()
                 .insert(&rev_key(self.revision), old.clone())?;
         }
         Ok(Some(old))
@@ -546,7 +593,7 @@ impl<T: Storable> TableTxn<T> {
             let all: Vec<Obj<T>> = self.indexes[0].iter().map(|(_, v)| v.clone()).collect();
             for o in all {
                 self.revision += 1;
-                self.graveyard.insert(&rev_key(self.revision), o)?;
+                self.graveyard.txn().insert(&rev_key(self.revision), o)?;
             }
         } else {
             self.revision += n as u64;
