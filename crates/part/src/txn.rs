@@ -100,14 +100,12 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 impl<V: Clone> Recorder<V> {
     /// Makes the node in `slot` private to the transaction, copying it if
     /// it is shared, and returns exclusive access to it.
-    #[inline]
+    /// Inlined: most calls find the node already private, and a call's
+    /// register saves cost more than that test.
+    #[inline(always)]
     fn make_mut<'a>(&mut self, slot: &'a mut Child<V>, is_root: bool) -> NodeMut<'a, V> {
         if !slot.is_unique() {
-            let copy = slot.copy_for_write();
-            let old = std::mem::replace(slot, copy);
-            if self.all || is_root {
-                self.nodes.push(old);
-            }
+            self.copy(slot, is_root);
         }
         match slot.get_mut() {
             Some(mut node) => {
@@ -118,6 +116,16 @@ impl<V: Clone> Recorder<V> {
                 node
             }
             None => unreachable!("a fresh copy is unique"),
+        }
+    }
+
+    /// Replaces the shared node in `slot` with a private copy.
+    #[inline(never)]
+    fn copy(&mut self, slot: &mut Child<V>, is_root: bool) {
+        let copy = slot.copy_for_write();
+        let old = std::mem::replace(slot, copy);
+        if self.all || is_root {
+            self.nodes.push(old);
         }
     }
 
