@@ -45,6 +45,12 @@ struct Place<V> {
     /// `key[..=depth]`: the bytes above the node and the byte its parent
     /// indexes it by. Deeper nodes are not remembered.
     prefix: [u8; PREFIX_MAX],
+    /// The slot the current write started from, if it took the finger:
+    /// its `depth` and `prefix` are still those of the walk to it, so a
+    /// write that ends in the same slot at the same depth leaves them be.
+    /// Cleared by every `take`, `set` and `clear`, so it never outlives the
+    /// write that took it.
+    taken: Option<NonNull<Child<V>>>,
     /// Set by `scan_owned`: an owning iterator shares the nodes, so the next
     /// write copies them and the slot may no longer be in the tree. Only
     /// `&mut` methods read it, so ordering comes from whatever handed them
@@ -74,6 +80,7 @@ impl<V> Finger<V> {
     pub(crate) fn clear(&mut self) {
         if let Some(p) = &mut self.place {
             p.slot = None;
+            p.taken = None;
         }
     }
 
@@ -90,6 +97,9 @@ impl<V> Finger<V> {
     pub(crate) fn set(&mut self, slot: NonNull<Child<V>>, key: &[u8], depth: usize) {
         let n = depth + 1;
         if n > key.len() || n > PREFIX_MAX {
+            if let Some(p) = &mut self.place {
+                p.taken = None;
+            }
             return;
         }
         let p = match &mut self.place {
@@ -100,6 +110,11 @@ impl<V> Finger<V> {
             }
             None => self.place.insert(Place::boxed()),
         };
+        if p.taken.take() == Some(slot) && p.depth == depth {
+            // The slot this write started from: same walk, same bytes.
+            p.slot = Some(slot);
+            return;
+        }
         if n <= 16 {
             // Word moves, not a `memcpy` call, for the usual short prefix.
             p.prefix[..16].copy_from_slice(&crate::bytes::pad16(&key[..n]));
@@ -121,6 +136,7 @@ impl<V> Finger<V> {
     #[inline(always)]
     pub(crate) unsafe fn take<'a>(&mut self, key: &[u8]) -> Option<(&'a mut Child<V>, usize)> {
         let p = self.place.as_deref_mut()?;
+        p.taken = None;
         let slot = p.slot.take()?;
         if p.stale.load(Ordering::Relaxed) {
             p.stale.store(false, Ordering::Relaxed);
@@ -129,6 +145,7 @@ impl<V> Finger<V> {
         if !p.leads_to(key) {
             return None;
         }
+        p.taken = Some(slot);
         // SAFETY: by the validity rule in the module docs the slot is a live
         // word inside a node that this transaction alone owns, and nothing
         // else refers to it: the caller holds the transaction exclusively
@@ -172,6 +189,7 @@ impl<V> Place<V> {
     fn boxed() -> Box<Self> {
         Box::new(Place {
             slot: None,
+            taken: None,
             depth: 0,
             prefix: [0; PREFIX_MAX],
             stale: AtomicBool::new(false),
