@@ -17,6 +17,7 @@ pub(crate) struct KeyBuf {
 }
 
 impl KeyBuf {
+    #[inline]
     pub(crate) fn clear(&mut self) {
         self.bytes.clear();
         self.ends.clear();
@@ -31,6 +32,7 @@ impl KeyBuf {
         self.ends.len()
     }
 
+    #[inline]
     pub(crate) fn get(&self, i: usize) -> &[u8] {
         let start = if i == 0 { 0 } else { self.ends[i - 1] };
         &self.bytes[start..self.ends[i]]
