@@ -89,12 +89,13 @@ def main():
     out.append("| 1000 keys | part (ours) | " + " | ".join(PEERS) + " |")
     out.append("|---|---|" + "---|" * len(PEERS))
     for op in ("Insert", "Get"):
-        ours = sys_t.get(f"part/{op}" if op == "Get" else "part/Insert_RootOnlyWatch")
-        row = [fmt(ours) if ours else "?"]
-        for p in PEERS:
-            t = sys_t.get(f"peers/{op}/{p}")
-            row.append(fmt(t) if t else "?")
-        out.append(f"| {op} (system alloc) | " + " | ".join(row) + " |")
+        for times, alloc in ((sys_t, "system alloc"), (mi_t, "mimalloc")):
+            ours = times.get(f"part/{op}" if op == "Get" else "part/Insert_RootOnlyWatch")
+            row = [fmt(ours) if ours else "?"]
+            for p in PEERS:
+                t = times.get(f"peers/{op}/{p}")
+                row.append(fmt(t) if t else "?")
+            out.append(f"| {op} ({alloc}) | " + " | ".join(row) + " |")
     out.append("")
     out.append("| allocations per op | allocs/op | bytes/op |")
     out.append("|---|---|---|")
