@@ -642,6 +642,7 @@ impl<V> Child<V> {
     /// Stores `c` (a replacement, or `None` to unlink) under `b`, whose
     /// child this private node borrows ([`Child::borrows_child`]); the old
     /// child stays with its owner.
+    #[inline]
     pub(crate) fn replace_borrowed(&mut self, b: u8, c: Option<Child<V>>) {
         let unlink = c.is_none();
         match self.get_mut() {
