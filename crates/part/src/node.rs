@@ -800,8 +800,26 @@ impl<V> Child<V> {
 
     /// Moves to the next smaller kind once the count falls below the
     /// hysteresis threshold.
+    /// Inlined test, out-of-line work: most removals leave the node above
+    /// its kind's minimum.
+    #[inline]
     fn maybe_shrink(&mut self) {
         let n = self.num_children();
+        let below = match self.kind() {
+            Kind::N16(_) => n < N16_MIN,
+            Kind::N48(_) => n < N48_MIN,
+            Kind::N256(_) | Kind::D256(_) => n < N256_MIN,
+            Kind::Leaf(_) | Kind::N4(_) => false,
+        };
+        if below {
+            self.shrink(n);
+        }
+    }
+
+    /// Replaces this private node, which holds `n` children, fewer than its
+    /// kind's minimum, by one of the next smaller kind.
+    #[inline(never)]
+    fn shrink(&mut self, n: usize) {
         let new = match self.get_mut() {
             Some(NodeMut::N16(x)) if n < N16_MIN => {
                 let mut m = N4 {
