@@ -704,6 +704,7 @@ impl<V> Child<V> {
 
     /// Adds a child under a byte that is not present yet, growing the kind
     /// when full. The node must be private to the caller.
+    #[inline]
     pub(crate) fn add_child(&mut self, b: u8, child: Child<V>) {
         self.room_for_patch(b);
         if self.num_children() == self.capacity() {
@@ -740,6 +741,7 @@ impl<V> Child<V> {
     }
 
     /// Moves to the next larger kind, transferring children directly.
+    #[inline(never)]
     fn grow(&mut self) {
         let new = match self.get_mut() {
             Some(NodeMut::N4(n)) => {
