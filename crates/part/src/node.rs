@@ -801,9 +801,8 @@ impl<V> Child<V> {
     }
 
     /// Moves to the next smaller kind once the count falls below the
-    /// hysteresis threshold.
-    /// Inlined test, out-of-line work: most removals leave the node above
-    /// its kind's minimum.
+    /// hysteresis threshold. The test is inlined and the work is not: most
+    /// removals leave the node above its kind's minimum.
     #[inline]
     fn maybe_shrink(&mut self) {
         let n = self.num_children();

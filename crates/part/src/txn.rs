@@ -178,10 +178,8 @@ impl<V: Clone> Txn<V> {
     }
 
     /// Sets `key` to `f(current value)`; returns the previous value.
-    // Inlined: the closure and the call's register saves fold into the
-    // caller (statedb's 10-row commits -2.5% instructions; part's `modify`
-    // workload -8% with keys of run-time length, -23% with fixed-size keys,
-    // whose length the compiler then knows).
+    // Inlined: the closure and the call fold into the caller (design.md,
+    // "The copy-once rule").
     #[inline]
     pub fn modify<F: FnOnce(Option<&V>) -> V>(
         &mut self,
