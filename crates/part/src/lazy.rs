@@ -93,7 +93,7 @@ impl LazyWatch {
     }
 
     /// Whether nothing was ever allocated here.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn is_empty(&self) -> bool {
         self.ptr.load(Ordering::Acquire).is_null()
     }
