@@ -822,7 +822,7 @@ impl<V> Child<V> {
     #[inline(never)]
     fn shrink(&mut self, n: usize) {
         let new = match self.get_mut() {
-            Some(NodeMut::N16(x)) if n < N16_MIN => {
+            Some(NodeMut::N16(x)) => {
                 let mut m = N4 {
                     h: Header {
                         bytes: std::mem::take(&mut x.h.bytes),
@@ -839,7 +839,7 @@ impl<V> Child<V> {
                 }
                 Child::new(NodeRc::new(m))
             }
-            Some(NodeMut::N48(x)) if n < N48_MIN => {
+            Some(NodeMut::N48(x)) => {
                 let mut m = N16 {
                     h: Header {
                         bytes: std::mem::take(&mut x.h.bytes),
@@ -863,7 +863,7 @@ impl<V> Child<V> {
             }
             // Both visit only the bytes that may hold a child (the presence
             // map, and a delta's patches), in byte order.
-            Some(NodeMut::D256(x)) if n < N256_MIN => {
+            Some(NodeMut::D256(x)) => {
                 let mut m = n48_empty(&mut x.h, x.terminal.take());
                 let base = x.base.slots.present();
                 let bits: [u64; 4] = std::array::from_fn(|w| base[w] | x.patched[w]);
@@ -879,7 +879,7 @@ impl<V> Child<V> {
                 });
                 Child::new(NodeRc::new(m))
             }
-            Some(NodeMut::N256(x)) if n < N256_MIN => {
+            Some(NodeMut::N256(x)) => {
                 let mut m = n48_empty(&mut x.h, x.terminal.take());
                 let slots = &mut x.slots;
                 crate::slots::each_bit(slots.present(), |b| {

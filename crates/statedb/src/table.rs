@@ -351,7 +351,9 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
 /// Every part notifier of one table's commit: one allocation, dropped
 /// (firing the watches) after the new root is published.
 struct TableNotifier<T> {
-    trees: SmallVec<[part::Notifier<Obj<T>>; 3]>,
+    /// Room for a primary and a secondary index, the revision index and
+    /// the graveyard without a second allocation.
+    trees: SmallVec<[part::Notifier<Obj<T>>; 4]>,
     init: Option<part::Notifier<()>>,
 }
 
