@@ -261,10 +261,12 @@ impl<'a, T> View<'a, T> {
 }
 
 /// A write transaction's state for one table, created on its first write.
+/// Its commit turns it, in place, into the notifier of what it superseded
+/// (see [`TreeTxn`]).
 #[doc(hidden)]
 pub struct TableTxn<T> {
-    pub(crate) indexes: SmallVec<[part::Txn<Obj<T>>; 2]>,
-    pub(crate) revisions: part::Txn<Obj<T>>,
+    pub(crate) indexes: SmallVec<[TreeTxn<Obj<T>>; 2]>,
+    pub(crate) revisions: TreeTxn<Obj<T>>,
     pub(crate) graveyard: LazyTxn<Obj<T>>,
     pub(crate) revision: Revision,
     pub(crate) init: LazyTxn<()>,
@@ -300,61 +302,71 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
     }
-    fn finish(self: Box<Self>, ws: &mut WriterState) -> Finished {
-        // Fields moved out of the box one by one: moving the whole
-        // transaction out first copied it (about 1 KiB) once more.
-        let TableTxn {
-            indexes: txns,
-            revisions,
-            graveyard,
-            revision,
-            init,
-            pending,
-            keys,
-            ..
-        } = *self;
-        ws.keys = keys.trimmed();
-        let mut notify = TableNotifier::<T> {
-            trees: SmallVec::new(),
-            init: None,
-        };
-        let mut indexes = SmallVec::with_capacity(txns.len());
-        for t in txns {
-            let (tree, n) = t.commit_only();
-            indexes.push(tree);
-            notify.trees.push(n);
-        }
-        let (revisions, n) = revisions.commit_only();
-        notify.trees.push(n);
-        let (graveyard, n) = graveyard.commit_only();
-        notify.trees.extend(n);
-        let (init, n) = init.commit_only();
-        notify.init = n;
+    fn finish(mut self: Box<Self>, ws: &mut WriterState) -> Finished {
+        // Committed in place: the box, now holding the notifiers, is
+        // handed on as the commit's notifier. Moving the transaction out of
+        // its box and boxing the notifiers anew copied ~1 KiB per commit.
+        let this = &mut *self;
+        ws.keys = std::mem::take(&mut this.keys).trimmed();
         let root = TableRoot {
-            indexes,
-            revisions,
-            graveyard,
-            revision,
-            init,
-            pending,
+            indexes: this.indexes.iter_mut().map(TreeTxn::commit).collect(),
+            revisions: this.revisions.commit(),
+            graveyard: this.graveyard.commit(),
+            revision: this.revision,
+            init: this.init.commit(),
+            pending: this.pending.clone(),
         };
         Finished {
             objects: root.indexes[0].len(),
             revision: root.revision,
             graveyard: root.graveyard.len(),
             root: Arc::new(root),
-            notify: Box::new(notify),
+            notify: self,
         }
     }
 }
 
-/// Every part notifier of one table's commit: one allocation, dropped
-/// (firing the watches) after the new root is published.
-struct TableNotifier<T> {
-    /// Room for a primary and a secondary index, the revision index and
-    /// the graveyard without a second allocation.
-    trees: SmallVec<[part::Notifier<Obj<T>>; 4]>,
-    init: Option<part::Notifier<()>>,
+/// One tree's transaction within a [`TableTxn`]: open until the commit
+/// turns it, in place, into the [`part::Notifier`] that closes the watches
+/// it superseded once the new root is published (dropping it notifies).
+pub(crate) enum TreeTxn<V> {
+    Open(part::Txn<V>),
+    Committed(#[allow(dead_code, reason = "held for its drop, which notifies")] part::Notifier<V>),
+    /// Only inside [`TreeTxn::commit`].
+    Moving,
+}
+
+impl<V: Clone> TreeTxn<V> {
+    /// The new tree; `self` becomes its notifier.
+    fn commit(&mut self) -> Tree<V> {
+        let TreeTxn::Open(t) = std::mem::replace(self, TreeTxn::Moving) else {
+            unreachable!("a table transaction commits once")
+        };
+        let (tree, n) = t.commit_only();
+        *self = TreeTxn::Committed(n);
+        tree
+    }
+}
+
+impl<V> std::ops::Deref for TreeTxn<V> {
+    type Target = part::Txn<V>;
+    #[inline]
+    fn deref(&self) -> &part::Txn<V> {
+        match self {
+            TreeTxn::Open(t) => t,
+            _ => unreachable!("a committed table transaction is not used again"),
+        }
+    }
+}
+
+impl<V> std::ops::DerefMut for TreeTxn<V> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut part::Txn<V> {
+        match self {
+            TreeTxn::Open(t) => t,
+            _ => unreachable!("a committed table transaction is not used again"),
+        }
+    }
 }
 
 /// A tree few transactions write (the graveyard, the initialization
@@ -363,7 +375,7 @@ struct TableNotifier<T> {
 /// commits and notifies nothing for it.
 pub(crate) struct LazyTxn<V> {
     tree: Tree<V>,
-    txn: Option<Box<part::Txn<V>>>,
+    txn: Option<Box<TreeTxn<V>>>,
 }
 
 impl<V: Clone> LazyTxn<V> {
@@ -377,7 +389,8 @@ impl<V: Clone> LazyTxn<V> {
     /// The transaction, opened on first use.
     pub(crate) fn txn(&mut self) -> &mut part::Txn<V> {
         let tree = &self.tree;
-        self.txn.get_or_insert_with(|| Box::new(tree.txn()))
+        self.txn
+            .get_or_insert_with(|| Box::new(TreeTxn::Open(tree.txn())))
     }
 
     pub(crate) fn get(&self, key: &[u8]) -> Option<&V> {
@@ -391,14 +404,11 @@ impl<V: Clone> LazyTxn<V> {
         }
     }
 
-    /// The new tree, and a notifier if the tree was written.
-    fn commit_only(self) -> (Tree<V>, Option<part::Notifier<V>>) {
-        match self.txn {
-            Some(t) => {
-                let (tree, n) = t.commit_only();
-                (tree, Some(n))
-            }
-            None => (self.tree, None),
+    /// The new tree; a written one's transaction becomes its notifier.
+    fn commit(&mut self) -> Tree<V> {
+        match &mut self.txn {
+            Some(t) => t.commit(),
+            None => self.tree.clone(),
         }
     }
 }
@@ -441,8 +451,12 @@ impl<T: Storable> TableTxn<T> {
         keys.new_keys
             .resize_with(root.indexes.len(), KeyBuf::default);
         TableTxn {
-            indexes: root.indexes.iter().map(|t| t.txn()).collect(),
-            revisions: root.revisions.txn(),
+            indexes: root
+                .indexes
+                .iter()
+                .map(|t| TreeTxn::Open(t.txn()))
+                .collect(),
+            revisions: TreeTxn::Open(root.revisions.txn()),
             graveyard: LazyTxn::new(&root.graveyard),
             revision: root.revision,
             init: LazyTxn::new(&root.init),
@@ -470,7 +484,16 @@ impl<T: Storable> TableTxn<T> {
         )?;
         self.keys.pk.clear();
         expand(self.layout, self.keys.new_keys[0].get(0), &mut self.keys.pk);
-        let old = self.indexes[0].get(&self.keys.pk).cloned();
+        // A merge, a revision check or a unique secondary index needs the
+        // old object before anything is written; a plain upsert learns it
+        // from the primary index's write (one walk instead of two).
+        let look_first =
+            merge.is_some() || cas.is_some() || idx.iter().skip(1).any(|ix| ix.is_unique());
+        let mut old = if look_first {
+            self.indexes[0].get(&self.keys.pk).cloned()
+        } else {
+            None
+        };
         if let Some(expected) = cas {
             match &old {
                 None => return Err(Error::ObjectNotFound),
@@ -515,12 +538,25 @@ impl<T: Storable> TableTxn<T> {
             }
         }
         // Nothing below fails: the keys are checked.
-        self.revision += 1;
-        let rev = self.revision;
-        let created = old.as_ref().map_or(rev, |o| o.created_revision());
-        let obj = Arc::new(Object::new(value, rev, created));
+        let rev = self.revision + 1;
+        let new = |old: Option<&Obj<T>>| {
+            let created = old.map_or(rev, |o| o.created_revision());
+            Arc::new(Object::new(value, rev, created))
+        };
+        let obj = if look_first {
+            let obj = new(old.as_ref());
+            self.indexes[0].insert(&self.keys.pk, obj.clone())?;
+            obj
+        } else {
+            let mut obj = None;
+            old = self.indexes[0].modify(&self.keys.pk, |o| obj.insert(new(o)).clone())?;
+            let Some(obj) = obj else {
+                unreachable!("a successful modify calls its closure")
+            };
+            obj
+        };
+        self.revision = rev;
         let pk = self.keys.new_keys[0].get(0);
-        self.indexes[0].insert(&self.keys.pk, obj.clone())?;
         if let Some(o) = &old {
             self.revisions.delete(&rev_key(o.revision()));
         }

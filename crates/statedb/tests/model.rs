@@ -1,6 +1,9 @@
-//! Model-based test: whole transactions over two tables (aborts included)
-//! against a plain `BTreeMap` model, checking every query kind on every
-//! index, inside the transaction and after it.
+//! Model-based test: whole transactions over three tables (aborts
+//! included) against a plain `BTreeMap` model, checking every query kind on
+//! every index, inside the transaction and after it. Tables `a` and `b` have
+//! a unique secondary index (writes look the old object up first); `c` has
+//! only non-unique ones (a plain insert learns the old object from its
+//! primary-index write).
 
 mod common;
 
@@ -42,7 +45,7 @@ fn arb_obj() -> impl Strategy<Value = Obj> {
 }
 
 fn arb_op() -> impl Strategy<Value = Op> {
-    let t = 0usize..2;
+    let t = 0usize..3;
     prop_oneof![
         4 => (t.clone(), arb_obj()).prop_map(|(t, o)| Op::Insert(t, o)),
         2 => (t.clone(), arb_obj()).prop_map(|(t, o)| Op::Modify(t, o)),
@@ -55,34 +58,61 @@ fn arb_op() -> impl Strategy<Value = Op> {
 
 fn arb_txn() -> impl Strategy<Value = TxnPlan> {
     (
-        prop::sample::select(vec![vec![0], vec![1], vec![0, 1], vec![1, 0, 1]]),
+        prop::sample::select(vec![
+            vec![0],
+            vec![1],
+            vec![2],
+            vec![0, 1],
+            vec![1, 0, 1],
+            vec![2, 0],
+            vec![0, 1, 2],
+        ]),
         prop::collection::vec(arb_op(), 1..10),
         prop::bool::weighted(0.2),
     )
         .prop_map(|(lock, ops, abort)| TxnPlan { lock, ops, abort })
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct Model {
     objs: BTreeMap<u32, (Obj, u64)>,
+    /// Revision at which each live object was created.
+    created: BTreeMap<u32, u64>,
     rev: u64,
+    /// The table has the unique `name` index.
+    unique_names: bool,
 }
 
 impl Model {
+    fn new(unique_names: bool) -> Self {
+        Model {
+            objs: BTreeMap::new(),
+            created: BTreeMap::new(),
+            rev: 0,
+            unique_names,
+        }
+    }
+
     fn name_taken(&self, o: &Obj) -> bool {
         self.objs
             .values()
             .any(|(x, _)| x.name == o.name && x.id != o.id)
     }
 
+    fn remove(&mut self, id: u32) -> bool {
+        self.created.remove(&id);
+        self.objs.remove(&id).is_some()
+    }
+
     fn put(&mut self, o: Obj) -> Result<(), Error> {
-        if self.name_taken(&o) {
+        if self.unique_names && self.name_taken(&o) {
             return Err(Error::UniqueConflict {
                 table: String::new(),
                 index: "name".into(),
             });
         }
         self.rev += 1;
+        self.created.entry(o.id).or_insert(self.rev);
         self.objs.insert(o.id, (o, self.rev));
         Ok(())
     }
@@ -117,6 +147,11 @@ fn check(f: &Fixture, txn: &impl TxnRead, m: &Model) {
             want.cloned()
         );
         assert_eq!(
+            got.map(|o| o.created_revision()),
+            m.created.get(&id).copied(),
+            "created revision of {id}"
+        );
+        assert_eq!(
             ids(t.list(txn, &f.by_id, &id)).len(),
             want.is_some() as usize
         );
@@ -127,6 +162,22 @@ fn check(f: &Fixture, txn: &impl TxnRead, m: &Model) {
         assert_eq!(ids(t.lower_bound(txn, &f.by_id, &id)), want);
     }
     // Unique secondary: get, list, prefix, lower bound.
+    if m.unique_names {
+        check_names(f, txn, m);
+    } else {
+        assert!(matches!(
+            t.get(txn, &f.by_name, ""),
+            Err(Error::IndexNotInTable { .. })
+        ));
+    }
+    check_non_unique(f, txn, m);
+}
+
+fn check_names(f: &Fixture, txn: &impl TxnRead, m: &Model) {
+    let t = &f.table;
+    let ids = |it: statedb::Result<statedb::Objects<'_, Obj>>| -> Vec<u32> {
+        it.unwrap().map(|o| o.id).collect()
+    };
     let mut by_name: Vec<(&str, u32)> = m
         .objs
         .values()
@@ -165,6 +216,13 @@ fn check(f: &Fixture, txn: &impl TxnRead, m: &Model) {
             "name lb {n:?}"
         );
     }
+}
+
+fn check_non_unique(f: &Fixture, txn: &impl TxnRead, m: &Model) {
+    let t = &f.table;
+    let ids = |it: statedb::Result<statedb::Objects<'_, Obj>>| -> Vec<u32> {
+        it.unwrap().map(|o| o.id).collect()
+    };
     // Non-unique multi-key: entries (tag, id), each tag once per object.
     let mut by_tag: Vec<(&str, u32)> = Vec::new();
     for (o, _) in m.objs.values() {
@@ -253,7 +311,7 @@ fn apply(f: &Fixture, w: &mut statedb::WriteTxn, m: &mut Model, op: &Op, locked:
         }
         Op::Delete(_, id) => {
             let r = t.delete(w, &obj(*id, "", &[], 0)).map(|_| ());
-            if m.objs.remove(id).is_some() {
+            if m.remove(*id) {
                 m.rev += 1;
             }
             (r, Ok(()))
@@ -262,6 +320,7 @@ fn apply(f: &Fixture, w: &mut statedb::WriteTxn, m: &mut Model, op: &Op, locked:
             let r = t.delete_all(w).map(|_| ());
             m.rev += m.objs.len() as u64;
             m.objs.clear();
+            m.created.clear();
             (r, Ok(()))
         }
         Op::Cas(_, o, ok) => {
@@ -295,7 +354,7 @@ fn apply(f: &Fixture, w: &mut statedb::WriteTxn, m: &mut Model, op: &Op, locked:
                     found: r,
                 }),
                 Some(_) => {
-                    m.objs.remove(id);
+                    m.remove(*id);
                     m.rev += 1;
                     Ok(())
                 }
@@ -335,8 +394,9 @@ proptest! {
         let fs = [
             table_with(&db, "a", statedb::KeyLayout::Bytes),
             table_with(&db, "b", statedb::KeyLayout::Nibbles),
+            table_without_unique(&db, "c"),
         ];
-        let mut models = [Model::default(), Model::default()];
+        let mut models = [Model::new(true), Model::new(true), Model::new(false)];
         for plan in &txns {
             let locks: Vec<&dyn statedb::AnyTable> =
                 plan.lock.iter().map(|&i| &fs[i].table as &dyn statedb::AnyTable).collect();
@@ -361,7 +421,7 @@ proptest! {
                 apply(&fs[ti], &mut w, &mut working[ti], op, true);
             }
             // The transaction sees its own writes.
-            for i in 0..2 {
+            for i in 0..fs.len() {
                 check(&fs[i], &w, &working[i]);
             }
             let before = db.read_txn();
@@ -388,12 +448,12 @@ proptest! {
                     }
                 }
                 models = working;
-                for i in 0..2 {
+                for i in 0..fs.len() {
                     check(&fs[i], &r, &models[i]);
                 }
             }
             let r = db.read_txn();
-            for i in 0..2 {
+            for i in 0..fs.len() {
                 check(&fs[i], &r, &models[i]);
             }
             drop(before);

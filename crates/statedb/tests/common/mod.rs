@@ -69,6 +69,22 @@ pub fn table_with(db: &Db, name: &str, layout: KeyLayout) -> Fixture {
     }
 }
 
+/// A table without the unique `name` index (`by_name` is not in it).
+pub fn table_without_unique(db: &Db, name: &str) -> Fixture {
+    let (by_id, by_name, by_tag, by_group) = indexes();
+    let table = db
+        .create_table(name, &by_id, &[by_tag.erase(), by_group.erase()])
+        .unwrap();
+    Fixture {
+        db: db.clone(),
+        table,
+        by_id,
+        by_name,
+        by_tag,
+        by_group,
+    }
+}
+
 pub fn fixture() -> Fixture {
     let db = Db::with_options(DbOptions { gc_interval: None });
     table_in(&db, "objs")
