@@ -16,8 +16,11 @@ pub fn check<V>(tree: &Tree<V>) -> Result<(), String> {
 }
 
 pub(crate) fn check_root<V>(root: &Child<V>, len: usize) -> Result<(), String> {
-    if root.is_leaf() || !root.bytes().is_empty() {
-        return Err("root must be an inner node with an empty segment".into());
+    if root.is_leaf() {
+        return Err("root must be an inner node".into());
+    }
+    if !root.bytes().is_empty() && root.num_children() == 0 && root.terminal().is_none() {
+        return Err("an empty root must have an empty segment".into());
     }
     let mut leaves = 0usize;
     // (node, path before its segment, is_root)

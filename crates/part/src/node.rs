@@ -615,6 +615,19 @@ impl<V> Child<V> {
         *self = Child::new(flat);
     }
 
+    /// The byte of a node4's only entry when that is an inner node (no
+    /// terminal, one child that is not a leaf).
+    #[inline]
+    pub(crate) fn lone_inner_child(&self) -> Option<u8> {
+        match self.kind() {
+            Kind::N4(n) if n.len == 1 && n.terminal.is_none() => {
+                n.children[0].as_ref().filter(|c| !c.is_leaf())?;
+                Some(n.keys[0])
+            }
+            _ => None,
+        }
+    }
+
     /// Flattens a private delta that has no room left to patch byte `b`
     /// (no-op for other kinds, or when `b` is already patched).
     pub(crate) fn room_for_patch(&mut self, b: u8) {

@@ -84,6 +84,7 @@ impl<V> Tree<V> {
     }
 
     /// The value under `key`.
+    #[inline]
     pub fn get(&self, key: &[u8]) -> Option<&V> {
         get(&self.root, key)
     }
@@ -226,7 +227,7 @@ pub(crate) fn range_scan<'k, R: RangeBounds<&'k [u8]>>(range: &R) -> ScanRef<'k>
 /// leaf with another key.
 #[inline]
 pub(crate) fn get<'a, V>(root: &'a Child<V>, key: &[u8]) -> Option<&'a V> {
-    get_below(root, key, 0)
+    get_below(root, key, root.bytes().len())
 }
 
 /// [`get`] from an inner node whose segment ends at `depth` of `key`.

@@ -220,7 +220,12 @@ impl<V: Clone> Txn<V> {
                 inner.place(depth + cp, Child::leaf(key, f(None)));
                 let mut old = std::mem::replace(slot, inner);
                 if !old.is_leaf() {
-                    rec.make_mut(&mut old, false).header_mut().bytes.drain(..cp);
+                    // A root split off is superseded: its watch must fire
+                    // even when only the root is watched.
+                    rec.make_mut(&mut old, is_root)
+                        .header_mut()
+                        .bytes
+                        .drain(..cp);
                 }
                 slot.place(depth + cp, old);
                 self.len += 1;
@@ -330,6 +335,12 @@ impl<V: Clone> Txn<V> {
                     if !is_root {
                         normalize(rec, slot);
                         finger.set(NonNull::from(slot), key, top);
+                    } else if slot.num_children() == 0 && slot.terminal().is_none() {
+                        // An empty tree's root keeps no path: a later key
+                        // would otherwise split it into an empty inner node.
+                        if let Some(n) = slot.get_mut() {
+                            n.header_mut().bytes.clear();
+                        }
                     }
                     self.len -= 1;
                     return Some(value);
@@ -428,7 +439,8 @@ impl<V: Clone> Txn<V> {
 
     /// Commits without notifying: publish the tree first, then call
     /// [`Notifier::notify`] (or drop it) so watchers see the new state.
-    pub fn commit_only(self) -> (Tree<V>, Notifier<V>) {
+    pub fn commit_only(mut self) -> (Tree<V>, Notifier<V>) {
+        compress_root(&mut self.rec, &mut self.root);
         let tree = Tree {
             root: self.root,
             len: self.len,
@@ -436,6 +448,38 @@ impl<V: Clone> Txn<V> {
         };
         (tree, Notifier { rec: self.rec })
     }
+}
+
+/// Path compression at the root: a root this transaction changed whose
+/// only entry is an inner child it owns takes that child's place, the
+/// root's segment joined in front of the child's. Keys that all share a
+/// prefix (integers below 2^56, say) then cost one level less on every
+/// lookup and one node less to copy and free on every write. A shared child
+/// is left where it is: copying it would fire its watches for a change
+/// outside it.
+#[inline]
+fn compress_root<V: Clone>(rec: &mut Recorder<V>, root: &mut Child<V>) {
+    if let Some(b) = root.lone_inner_child() {
+        absorb_child(rec, root, b);
+    }
+}
+
+#[inline(never)]
+fn absorb_child<V: Clone>(rec: &mut Recorder<V>, root: &mut Child<V>, b: u8) {
+    if !root.is_unique() || !root.find_child(b).is_some_and(Child::is_unique) {
+        return;
+    }
+    // A root unique from the start (its snapshot dropped) may carry a live
+    // watch that no write took yet: it goes away, so it must fire.
+    rec.make_mut(root, true);
+    let Some(mut child) = root.remove_child(b) else {
+        return;
+    };
+    let mut joined = crate::bytes::small(root.bytes());
+    let c = rec.make_mut(&mut child, false).header_mut();
+    joined.extend_from_slice(&c.bytes);
+    c.bytes = joined;
+    *root = child;
 }
 
 /// The slot of the child under `b` of the (private) node in `slot`.
@@ -516,4 +560,75 @@ fn normalize<V: Clone>(rec: &mut Recorder<V>, slot: &mut Child<V>) {
 #[test]
 fn txn_stays_small() {
     assert!(std::mem::size_of::<Txn<u32>>() <= 128);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::check::check;
+    use crate::Tree;
+
+    fn keys(t: &Tree<u32>) -> Vec<Vec<u8>> {
+        t.iter().map(|(k, _)| k.to_vec()).collect()
+    }
+
+    #[test]
+    fn the_root_takes_the_prefix_every_key_shares() {
+        let mut txn = Tree::<u32>::new().txn();
+        for i in 0..300u32 {
+            txn.insert(&i.to_be_bytes(), i).unwrap();
+        }
+        let t = txn.commit();
+        check(&t).unwrap();
+        assert_eq!(t.root.bytes(), &[0, 0]);
+        assert_eq!(t.get(&299u32.to_be_bytes()), Some(&299));
+        assert_eq!(t.get(&[0, 0]), None);
+        assert_eq!(t.get(&[]), None);
+
+        // A key leaving the prefix splits the root.
+        let (t2, _) = t.insert(&[0, 1], 7).unwrap();
+        check(&t2).unwrap();
+        assert_eq!(t2.root.bytes(), &[0]);
+        assert_eq!(t2.get(&[0, 1]), Some(&7));
+        assert_eq!(t2.len(), 301);
+
+        // Deleting it leaves the root one child, shared with `t`: it stays
+        // where it is (copying it would fire its watches).
+        let (t3, old) = t2.delete(&[0, 1]);
+        assert_eq!(old, Some(7));
+        check(&t3).unwrap();
+        assert_eq!(t3.root.bytes(), &[0]);
+        assert_eq!(t3.root.num_children(), 1);
+        assert_eq!(keys(&t3), keys(&t));
+
+        // Emptied, the root keeps no path: the next key may differ anywhere.
+        let mut txn = t3.txn();
+        for i in 0..300u32 {
+            txn.delete(&i.to_be_bytes());
+        }
+        assert!(txn.root.bytes().is_empty());
+        txn.insert(&[9], 1).unwrap();
+        txn.check_invariants().unwrap();
+        let t4 = txn.commit();
+        check(&t4).unwrap();
+        assert_eq!(keys(&t4), vec![vec![9]]);
+    }
+
+    #[test]
+    fn a_key_shorter_than_the_root_prefix() {
+        let mut txn = Tree::<u32>::new().txn();
+        txn.insert(b"abcd1", 1).unwrap();
+        txn.insert(b"abcd2", 2).unwrap();
+        let t = txn.commit();
+        assert_eq!(t.root.bytes(), b"abcd");
+        assert_eq!(t.get(b"ab"), None);
+        assert!(t.get_watch(b"ab").0.is_none());
+        let (t2, _) = t.insert(b"ab", 3).unwrap();
+        check(&t2).unwrap();
+        assert_eq!(t2.root.bytes(), b"ab");
+        assert_eq!(
+            keys(&t2),
+            vec![b"ab".to_vec(), b"abcd1".to_vec(), b"abcd2".to_vec()]
+        );
+        assert_eq!(t2.delete(b"ab").0.get(b"abcd2"), Some(&2));
+    }
 }

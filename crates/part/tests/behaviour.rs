@@ -464,3 +464,56 @@ fn ordered_batches_through_the_finger_match_a_btreemap() {
         );
     }
 }
+
+/// The root carries the prefix every key shares (path compression at the
+/// root): watches that end inside it, or on the root, still fire when the
+/// root is split or absorbs its only child.
+#[test]
+fn watches_across_the_compressed_root() {
+    let keys: Vec<[u8; 4]> = (0..50u32).map(|i| i.to_be_bytes()).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let t = tree_of(&refs);
+    let (_, inside) = t.prefix_watch(&[0]);
+    let (_, missing) = t.get_watch(&[0, 1]);
+    let (_, other) = t.prefix_watch(&[1]);
+    let (_, key) = t.get_watch(&7u32.to_be_bytes());
+    // A key under [0] that leaves the shared prefix splits the root.
+    let t2 = t.insert(&[0, 1], 1).unwrap().0;
+    check(&t2).unwrap();
+    assert!(inside.is_closed());
+    assert!(missing.is_closed());
+    assert!(!key.is_closed());
+    assert!(other.is_closed(), "the root's watch covers keys outside it");
+    assert_eq!(t2.get(&[0, 1]), Some(&1));
+
+    // Root-only watches fire on a split and on a merge.
+    let ro = Options {
+        root_only_watch: true,
+    };
+    let mut txn = Tree::with_options(ro).txn();
+    txn.insert(b"node/1", 1).unwrap();
+    txn.insert(b"node/2", 2).unwrap();
+    let t = txn.commit();
+    let w = t.root_watch();
+    let t2 = t.insert(b"nope", 3).unwrap().0;
+    assert!(w.is_closed());
+    let w = t2.root_watch();
+    let t3 = t2.delete(b"nope").0;
+    assert!(w.is_closed());
+    check(&t3).unwrap();
+
+    // A root left with one child shared by an older snapshot, which is then
+    // dropped: a later commit that absorbs the child still wakes whoever
+    // watched the old root, and the change after it is seen.
+    let t = tree_of(&[b"aa1", b"aa2", b"b"]);
+    let t2 = t.delete(b"b").0;
+    drop(t);
+    let (_, w) = t2.prefix_watch(b"");
+    let txn = t2.txn();
+    drop(t2);
+    let t3 = txn.commit();
+    let t4 = t3.insert(b"aa3", 3).unwrap().0;
+    assert!(w.is_closed());
+    check(&t4).unwrap();
+    assert_eq!(t4.len(), 3);
+}
