@@ -49,6 +49,9 @@ pub fn main() {
         t64.insert(&k.to_be_bytes(), k).unwrap();
     }
     let t64 = t64.commit();
+    let (one, _) = Tree::with_options(ro)
+        .insert(&0u64.to_be_bytes(), 0u64)
+        .unwrap();
     let mut sink = 0u64;
     for _ in 0..reps {
         match what.as_str() {
@@ -109,6 +112,23 @@ pub fn main() {
                     single = t.commit();
                 }
             }
+            "txn_delete_1000" => {
+                // The bench's txn_delete_1000: every key of a 1000-key tree
+                // of 8-byte keys deleted in one txn, which is dropped.
+                let mut t = t64.txn();
+                for k in 0..1000u64 {
+                    t.delete(&k.to_be_bytes());
+                }
+                sink += t.len() as u64;
+            }
+            "txn_delete_1" => {
+                // The bench's txn_delete_1, 1000 times.
+                for _ in 0..1000 {
+                    let mut t = one.txn();
+                    t.delete(&0u64.to_be_bytes());
+                    sink += t.len() as u64;
+                }
+            }
             "delete" => {
                 let mut t = base.txn();
                 for i in 0..1000 {
@@ -128,7 +148,7 @@ pub fn main() {
             }
             other => {
                 eprintln!(
-                    "unknown workload {other}: insert | modify | txn1 | txn_1 | get | get64 | all_big | all | delete | delete_random"
+                    "unknown workload {other}: insert | modify | txn1 | txn_1 | get | get64 | all_big | all | delete | delete_random | txn_delete_1 | txn_delete_1000"
                 );
                 std::process::exit(2);
             }

@@ -335,7 +335,10 @@ impl<V: Clone> Txn<V> {
                     if !is_root {
                         normalize(rec, slot);
                         finger.set(NonNull::from(slot), key, top);
-                    } else if slot.num_children() == 0 && slot.terminal().is_none() {
+                    } else if !slot.bytes().is_empty()
+                        && slot.num_children() == 0
+                        && slot.terminal().is_none()
+                    {
                         // An empty tree's root keeps no path: a later key
                         // would otherwise split it into an empty inner node.
                         if let Some(n) = slot.get_mut() {
