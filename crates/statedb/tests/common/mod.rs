@@ -50,30 +50,27 @@ pub fn table_in(db: &Db, name: &str) -> Fixture {
 }
 
 pub fn table_with(db: &Db, name: &str, layout: KeyLayout) -> Fixture {
-    let (by_id, by_name, by_tag, by_group) = indexes();
-    let table = db
-        .create_table_with(
-            name,
-            &by_id,
-            &[by_name.erase(), by_tag.erase(), by_group.erase()],
-            TableOptions { key_layout: layout },
-        )
-        .unwrap();
-    Fixture {
-        db: db.clone(),
-        table,
-        by_id,
-        by_name,
-        by_tag,
-        by_group,
-    }
+    build(db, name, layout, true)
 }
 
 /// A table without the unique `name` index (`by_name` is not in it).
 pub fn table_without_unique(db: &Db, name: &str) -> Fixture {
+    build(db, name, KeyLayout::Bytes, false)
+}
+
+fn build(db: &Db, name: &str, layout: KeyLayout, unique_name: bool) -> Fixture {
     let (by_id, by_name, by_tag, by_group) = indexes();
+    let mut secondary = vec![by_tag.erase(), by_group.erase()];
+    if unique_name {
+        secondary.insert(0, by_name.erase());
+    }
     let table = db
-        .create_table(name, &by_id, &[by_tag.erase(), by_group.erase()])
+        .create_table_with(
+            name,
+            &by_id,
+            &secondary,
+            TableOptions { key_layout: layout },
+        )
         .unwrap();
     Fixture {
         db: db.clone(),
