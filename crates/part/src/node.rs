@@ -5,7 +5,8 @@
 //! allocation holding its header, its key index and its child array, and a
 //! lookup takes one dependent load per level. A leaf stores its whole key;
 //! an inner node stores only its compressed path segment, whose first byte
-//! is the byte its parent indexes it by (the root's segment is empty). A
+//! is the byte its parent indexes it by (the root's segment is a prefix
+//! every key shares, empty in an empty tree). A
 //! value whose key ends at an inner node is that node's `terminal` leaf, so
 //! it has a watch of its own.
 
