@@ -486,7 +486,8 @@ fn watches_across_the_compressed_root() {
     assert!(other.is_closed(), "the root's watch covers keys outside it");
     assert_eq!(t2.get(&[0, 1]), Some(&1));
 
-    // Root-only watches fire on a split and on a merge.
+    // Root-only watches fire on a root split, and on the delete that
+    // undoes it (the root then keeps its one child, still shared).
     let ro = Options {
         root_only_watch: true,
     };
