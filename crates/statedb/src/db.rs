@@ -244,10 +244,12 @@ impl Db {
             }
         }
         let n = indexes.len();
+        let unique_secondary = indexes.iter().skip(1).any(|ix| ix.is_unique());
         let inner = Arc::new(TableInner {
             meta,
             indexes,
             layout: opts.key_layout,
+            unique_secondary,
         });
         {
             let _g = self.inner.commit_lock.lock();

@@ -111,6 +111,9 @@ pub(crate) struct TableInner<T> {
     /// `[0]` is the primary index.
     pub(crate) indexes: Vec<AnyIndex<T>>,
     pub(crate) layout: KeyLayout,
+    /// Some secondary index is unique: every write must look the old
+    /// object up before it writes (see `TableTxn::upsert`).
+    pub(crate) unique_secondary: bool,
 }
 
 /// A typed handle to a table of objects `T`. Cheap to clone.
@@ -487,8 +490,7 @@ impl<T: Storable> TableTxn<T> {
         // A merge, a revision check or a unique secondary index needs the
         // old object before anything is written; a plain upsert learns it
         // from the primary index's write (one walk instead of two).
-        let look_first =
-            merge.is_some() || cas.is_some() || idx.iter().skip(1).any(|ix| ix.is_unique());
+        let look_first = merge.is_some() || cas.is_some() || t.unique_secondary;
         let mut old = if look_first {
             self.indexes[0].get(&self.keys.pk).cloned()
         } else {
