@@ -475,14 +475,7 @@ fn absorb_child<V: Clone>(rec: &mut Recorder<V>, root: &mut Child<V>, b: u8) {
     // A root unique from the start (its snapshot dropped) may carry a live
     // watch that no write took yet: it goes away, so it must fire.
     rec.make_mut(root, true);
-    let Some(mut child) = root.remove_child(b) else {
-        return;
-    };
-    let mut joined = crate::bytes::small(root.bytes());
-    let c = rec.make_mut(&mut child, false).header_mut();
-    joined.extend_from_slice(&c.bytes);
-    c.bytes = joined;
-    *root = child;
+    pass_to_child(rec, root, b);
 }
 
 /// The slot of the child under `b` of the (private) node in `slot`.
@@ -540,22 +533,29 @@ fn normalize<V: Clone>(rec: &mut Recorder<V>, slot: &mut Child<V>) {
             let Some(b) = slot.first_child_byte() else {
                 unreachable!("one child")
             };
-            let Some(mut child) = slot.remove_child(b) else {
-                unreachable!("child present")
-            };
-            if !child.is_leaf() {
-                let Some(node) = slot.get_mut() else {
-                    unreachable!("normalize runs on a private node")
-                };
-                let mut joined = std::mem::take(&mut node.header_mut().bytes);
-                let c = rec.make_mut(&mut child, false).header_mut();
-                joined.extend_from_slice(&c.bytes);
-                c.bytes = joined;
-            }
-            *slot = child;
+            pass_to_child(rec, slot, b);
         }
         _ => {}
     }
+}
+
+/// Replaces the private inner node in `slot`, whose only entry is the child
+/// under `b`, by that child; an inner child gets the node's segment joined
+/// in front of its own.
+fn pass_to_child<V: Clone>(rec: &mut Recorder<V>, slot: &mut Child<V>, b: u8) {
+    let Some(mut child) = slot.remove_child(b) else {
+        unreachable!("child present")
+    };
+    if !child.is_leaf() {
+        let Some(node) = slot.get_mut() else {
+            unreachable!("a private node")
+        };
+        let mut joined = std::mem::take(&mut node.header_mut().bytes);
+        let c = rec.make_mut(&mut child, false).header_mut();
+        joined.extend_from_slice(&c.bytes);
+        c.bytes = joined;
+    }
+    *slot = child;
 }
 /// `Txn` is moved around by value (statedb keeps one per index in each
 /// table transaction): past 128 bytes those moves became `memcpy` calls.

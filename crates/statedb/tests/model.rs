@@ -130,11 +130,13 @@ fn same_err(a: &Error, b: &Error) -> bool {
     std::mem::discriminant(a) == std::mem::discriminant(b)
 }
 
+/// The ids a query returned, in order.
+fn ids(it: statedb::Result<statedb::Objects<'_, Obj>>) -> Vec<u32> {
+    it.unwrap().map(|o| o.id).collect()
+}
+
 fn check(f: &Fixture, txn: &impl TxnRead, m: &Model) {
     let t = &f.table;
-    let ids = |it: statedb::Result<statedb::Objects<'_, Obj>>| -> Vec<u32> {
-        it.unwrap().map(|o| o.id).collect()
-    };
     assert_eq!(t.len(txn).unwrap(), m.objs.len());
     assert_eq!(t.revision(txn).unwrap(), m.rev);
     // all, primary get/list
@@ -175,9 +177,6 @@ fn check(f: &Fixture, txn: &impl TxnRead, m: &Model) {
 
 fn check_names(f: &Fixture, txn: &impl TxnRead, m: &Model) {
     let t = &f.table;
-    let ids = |it: statedb::Result<statedb::Objects<'_, Obj>>| -> Vec<u32> {
-        it.unwrap().map(|o| o.id).collect()
-    };
     let mut by_name: Vec<(&str, u32)> = m
         .objs
         .values()
@@ -220,9 +219,6 @@ fn check_names(f: &Fixture, txn: &impl TxnRead, m: &Model) {
 
 fn check_non_unique(f: &Fixture, txn: &impl TxnRead, m: &Model) {
     let t = &f.table;
-    let ids = |it: statedb::Result<statedb::Objects<'_, Obj>>| -> Vec<u32> {
-        it.unwrap().map(|o| o.id).collect()
-    };
     // Non-unique multi-key: entries (tag, id), each tag once per object.
     let mut by_tag: Vec<(&str, u32)> = Vec::new();
     for (o, _) in m.objs.values() {
