@@ -1,10 +1,20 @@
-//! PropagationDelay: time from a commit on table A to a consumer (a thread
-//! following A's changes) having written the derived rows into table B, as
-//! seen by a reader watching B. Go statedb's `BenchmarkDB_PropagationDelay`
-//! (batches of 10). Prints p50/p90/p99 in µs.
+//! PropagationDelay: time from a write transaction on table A to a consumer
+//! having written the derived rows into table B, batches of 10. Prints
+//! p50/p90/p99 in µs for two shapes, one after the other in one run:
 //!
-//! `cargo bench -p statedb --bench propagation [-- ROUNDS]`; both threads
-//! spin up to 50 µs before blocking (`STATEDB_BENCH_NOSPIN=1`: block at once).
+//! * `PropagationDelay`: Go statedb's `BenchmarkDB_PropagationDelay`, the
+//!   shape its anchor figures come from. One thread rewrites ids 0..9 in A,
+//!   waits for A's revision watch, reads A's rows from the last revision it
+//!   copied on, writes them into B, commits and waits for B's watch.
+//! * `PropagationDelay/cross_thread`: the consumer is a second thread
+//!   following A through a change stream (`Table::changes`), every row is a
+//!   new object (ids counting up, both tables cleared every 100k), and the
+//!   writer waits on a point watch of B for the last row. Each side pays a
+//!   wake-up and the cache misses of data the other core wrote.
+//!
+//! `cargo bench -p statedb --bench propagation [-- ROUNDS]`; in the
+//! cross-thread shape both threads spin up to 50 µs before blocking
+//! (`STATEDB_BENCH_NOSPIN=1`: block at once).
 //! `STATEDB_BENCH_INLINE_FREE=1`: no background collector (commits free what
 //! they supersede either way; without the collector, snapshots a reader
 //! drops last are freed by that reader too).
@@ -36,11 +46,64 @@ fn wait(w: &statedb::Watch, spin: Duration, timeout: Duration) -> bool {
     statedb::wait_spin(w, spin, timeout)
 }
 
+/// Go's shape, in one thread: returns the sorted round times in ns.
+fn same_thread(rounds: usize) -> Vec<u64> {
+    let db = Db::with_options(env_db_options());
+    let a = new_db_with(&db, "a", false, env_layout());
+    let b = new_db_with(&db, "b", false, env_layout());
+    let mut samples = Vec::with_capacity(rounds);
+    // A watch on A's revision index from the last read; none yet.
+    let mut watch_a: Option<statedb::Watch> = None;
+    let mut revision = 0;
+    let mut rows: Vec<TestObject> = Vec::with_capacity(BATCH as usize);
+    let warmup = rounds / 10;
+    for round in 0..rounds + warmup {
+        let start = Instant::now();
+        let mut w = db.write_txn(&[&a.table]).unwrap();
+        for id in 0..BATCH {
+            a.table.insert(&mut w, obj(id)).unwrap();
+        }
+        w.commit().unwrap();
+        if let Some(watch) = watch_a.take() {
+            watch.wait();
+        }
+        let r = db.read_txn();
+        let (_, watch_b) = b.table.all_watch(&r).unwrap();
+        let (changed, watch) = a.table.list_revision_watch(&r, revision).unwrap();
+        watch_a = Some(watch);
+        rows.clear();
+        rows.extend(changed.map(|o| o.value().clone()));
+        let mut w = db.write_txn(&[&b.table]).unwrap();
+        for o in rows.drain(..) {
+            b.table.insert(&mut w, o).unwrap();
+        }
+        w.commit().unwrap();
+        revision = a.table.revision(&r).unwrap();
+        drop(r);
+        watch_b.wait();
+        if round >= warmup {
+            samples.push(start.elapsed().as_nanos() as u64);
+        }
+    }
+    assert_eq!(b.table.len(&db.read_txn()).unwrap(), BATCH as usize);
+    samples.sort_unstable();
+    samples
+}
+
 fn main() {
     let rounds: usize = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(20_000);
+    let go = same_thread(rounds);
+    let us = |s: &[u64], p| pct(s, p) as f64 / 1000.0;
+    println!(
+        "PropagationDelay (Go's shape: one thread, ids 0..9; {} rounds, batch {BATCH}): p50 {:.1} µs  p90 {:.1} µs  p99 {:.1} µs",
+        go.len(),
+        us(&go, 0.50),
+        us(&go, 0.90),
+        us(&go, 0.99)
+    );
     let spin = if std::env::var_os("STATEDB_BENCH_NOSPIN").is_some() {
         Duration::ZERO
     } else {
@@ -174,12 +237,12 @@ fn main() {
     own.sort_unstable();
     let us = |p| pct(&samples, p) as f64 / 1000.0;
     println!(
-        "PropagationDelay (spin {} µs, key layout {:?})",
+        "PropagationDelay/cross_thread (spin {} µs, key layout {:?})",
         spin.as_micros(),
         env_layout()
     );
     println!(
-        "PropagationDelay ({} rounds, batch {BATCH}): p50 {:.1} µs  p90 {:.1} µs  p99 {:.1} µs",
+        "PropagationDelay/cross_thread ({} rounds, batch {BATCH}): p50 {:.1} µs  p90 {:.1} µs  p99 {:.1} µs",
         samples.len(),
         us(0.50),
         us(0.90),

@@ -46,6 +46,27 @@ fn write_txn_batch<M: Measurement>(
     g.finish();
 }
 
+/// Go statedb's own shape of `WriteTxn_N`: every transaction writes ids
+/// `0..batch` again, so the table holds `batch` objects (`WriteTxn_1`
+/// rewrites one object). 1000 objects written per iteration, as above.
+fn write_txn_go_shape<M: Measurement>(c: &mut Criterion<M>, name: &str, batch: u64) {
+    let b = new_db_layout(false, KeyLayout::Bytes);
+    let mut g = c.benchmark_group(GROUP.with(|g| g.get()));
+    g.throughput(Throughput::Elements(N));
+    g.bench_function(name, |bn| {
+        bn.iter(|| {
+            for _ in 0..N / batch {
+                let mut w = b.db.write_txn(&[&b.table]).unwrap();
+                for id in 0..batch {
+                    b.table.insert(&mut w, obj(id)).unwrap();
+                }
+                w.commit().unwrap();
+            }
+        })
+    });
+    g.finish();
+}
+
 fn shuffled(n: u64) -> Vec<u64> {
     let mut ids: Vec<u64> = (0..n).collect();
     ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(1));
@@ -64,6 +85,9 @@ fn benches<M: Measurement>(c: &mut Criterion<M>) {
         true,
         KeyLayout::Bytes,
     );
+    write_txn_go_shape(c, "GoShape/WriteTxn_1", 1);
+    write_txn_go_shape(c, "GoShape/WriteTxn_10", 10);
+    write_txn_go_shape(c, "GoShape/WriteTxn_100", 100);
 
     let mut g = c.benchmark_group(GROUP.with(|g| g.get()));
     g.throughput(Throughput::Elements(N));
