@@ -78,6 +78,23 @@ pub(crate) fn tagged(id: u64) -> TestObject {
     }
 }
 
+/// One tag, "test", as Go's `WriteTxn_100_SecondaryIndex` writes.
+pub(crate) fn tagged_test(id: u64) -> TestObject {
+    TestObject {
+        id,
+        tags: &["test"],
+    }
+}
+
+/// One tag, "odd" or "even", as Go's `RandomReplace` writes.
+pub(crate) fn odd_even(id: u64) -> TestObject {
+    const TAGS: [&[&str]; 2] = [&["even"], &["odd"]];
+    TestObject {
+        id,
+        tags: TAGS[(id % 2) as usize],
+    }
+}
+
 /// Inserts ids `0..n` in batches of 1000.
 pub(crate) fn fill(b: &Bench, n: u64) {
     let mut id = 0;

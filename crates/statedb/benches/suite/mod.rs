@@ -46,11 +46,18 @@ fn write_txn_batch<M: Measurement>(
     g.finish();
 }
 
-/// Go statedb's own shape of `WriteTxn_N`: every transaction writes ids
-/// `0..batch` again, so the table holds `batch` objects (`WriteTxn_1`
-/// rewrites one object). 1000 objects written per iteration, as above.
-fn write_txn_go_shape<M: Measurement>(c: &mut Criterion<M>, name: &str, batch: u64) {
-    let b = new_db_layout(false, KeyLayout::Bytes);
+/// Go statedb's own shape of `WriteTxn_N` (and, with `secondary`, of
+/// `WriteTxn_100_SecondaryIndex`, one tag per object): every transaction
+/// writes ids `0..batch` again, so the table holds `batch` objects
+/// (`WriteTxn_1` rewrites one object). 1000 objects written per iteration.
+fn write_txn_go_shape<M: Measurement>(
+    c: &mut Criterion<M>,
+    name: &str,
+    batch: u64,
+    secondary: bool,
+) {
+    let b = new_db_layout(secondary, KeyLayout::Bytes);
+    let mk = if secondary { tagged_test } else { obj };
     let mut g = c.benchmark_group(GROUP.with(|g| g.get()));
     g.throughput(Throughput::Elements(N));
     g.bench_function(name, |bn| {
@@ -58,12 +65,48 @@ fn write_txn_go_shape<M: Measurement>(c: &mut Criterion<M>, name: &str, batch: u
             for _ in 0..N / batch {
                 let mut w = b.db.write_txn(&[&b.table]).unwrap();
                 for id in 0..batch {
-                    b.table.insert(&mut w, obj(id)).unwrap();
+                    b.table.insert(&mut w, mk(id)).unwrap();
                 }
                 w.commit().unwrap();
             }
         })
     });
+    g.finish();
+}
+
+/// Go statedb's `RandomInsert`, `RandomReplace` and `SequentialInsert`: one
+/// table across iterations, 1000 objects written in `ids` order and
+/// committed, so after the first iteration every write replaces an object
+/// (`RandomReplace`: with the tags index, one tag "odd"/"even" per object,
+/// the table filled first).
+fn go_shape_rewrites<M: Measurement>(c: &mut Criterion<M>, ids: &[u64]) {
+    let mut g = c.benchmark_group(GROUP.with(|g| g.get()));
+    g.throughput(Throughput::Elements(N));
+    let sequential: Vec<u64> = (0..N).collect();
+    for (name, order, secondary) in [
+        ("GoShape/RandomInsert", ids, false),
+        ("GoShape/RandomReplace", ids, true),
+        ("GoShape/SequentialInsert", &sequential[..], false),
+    ] {
+        let b = new_db(secondary);
+        let mk = if secondary { odd_even } else { obj };
+        if secondary {
+            let mut w = b.db.write_txn(&[&b.table]).unwrap();
+            for id in 0..N {
+                b.table.insert(&mut w, mk(id)).unwrap();
+            }
+            w.commit().unwrap();
+        }
+        g.bench_function(name, |bn| {
+            bn.iter(|| {
+                let mut w = b.db.write_txn(&[&b.table]).unwrap();
+                for &id in order {
+                    b.table.insert(&mut w, mk(id)).unwrap();
+                }
+                w.commit().unwrap();
+            })
+        });
+    }
     g.finish();
 }
 
@@ -85,9 +128,11 @@ fn benches<M: Measurement>(c: &mut Criterion<M>) {
         true,
         KeyLayout::Bytes,
     );
-    write_txn_go_shape(c, "GoShape/WriteTxn_1", 1);
-    write_txn_go_shape(c, "GoShape/WriteTxn_10", 10);
-    write_txn_go_shape(c, "GoShape/WriteTxn_100", 100);
+    write_txn_go_shape(c, "GoShape/WriteTxn_1", 1, false);
+    write_txn_go_shape(c, "GoShape/WriteTxn_10", 10, false);
+    write_txn_go_shape(c, "GoShape/WriteTxn_100", 100, false);
+    write_txn_go_shape(c, "GoShape/WriteTxn_100_SecondaryIndex", 100, true);
+    go_shape_rewrites(c, &shuffled(N));
 
     let mut g = c.benchmark_group(GROUP.with(|g| g.get()));
     g.throughput(Throughput::Elements(N));
