@@ -4,7 +4,9 @@
 //! p50/p99 latency for 1 and 2 threads, and the scaling factor, and how
 //! busy the table's write lock was (its waits and holds from `Db::stats`).
 //!
-//! `cargo bench -p statedb --bench kv95 [-- SECONDS]`
+//! `cargo bench -p statedb --bench kv95 [-- SECONDS [PAIRS]]`: PAIRS runs of
+//! 1 then 2 threads, SECONDS each, and the median scaling (this host's
+//! speed drifts between runs seconds apart, so one pair says little).
 //! (`STATEDB_BENCH_LAYOUT=nibbles` for a nibble-layout table)
 
 mod common;
@@ -115,22 +117,40 @@ fn write_pct() -> u32 {
 }
 
 fn main() {
-    let secs: f64 = std::env::args()
+    let mut args = std::env::args()
         .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(3.0);
+        .filter_map(|a| a.parse::<f64>().ok());
+    let secs = args.next().unwrap_or(3.0);
+    let pairs = args.next().map_or(1, |p| p.max(1.0) as usize);
     println!("KV95 key layout: {:?}", env_layout());
-    let (one, one_cpu, p50_1, p99_1) = run(1, secs);
-    println!(
-        "KV95 1 thread : {one:>10.0} ops/s  ({one_cpu:>10.0} ops per CPU-second)  p50 {p50_1} ns  p99 {p99_1} ns"
-    );
-    let (two, two_cpu, p50_2, p99_2) = run(2, secs);
-    println!(
-        "KV95 2 threads: {two:>10.0} ops/s  ({two_cpu:>10.0} ops per CPU-second)  p50 {p50_2} ns  p99 {p99_2} ns"
-    );
-    println!(
-        "KV95 scaling 1 -> 2 threads: {:.2}x wall, {:.2}x per CPU-second (the latter discounts other load on the machine)",
-        two / one,
-        two_cpu / one_cpu
-    );
+    let mut wall = Vec::new();
+    let mut cpu = Vec::new();
+    for pair in 1..=pairs {
+        let (one, one_cpu, p50_1, p99_1) = run(1, secs);
+        println!(
+            "KV95 1 thread : {one:>10.0} ops/s  ({one_cpu:>10.0} ops per CPU-second)  p50 {p50_1} ns  p99 {p99_1} ns"
+        );
+        let (two, two_cpu, p50_2, p99_2) = run(2, secs);
+        println!(
+            "KV95 2 threads: {two:>10.0} ops/s  ({two_cpu:>10.0} ops per CPU-second)  p50 {p50_2} ns  p99 {p99_2} ns"
+        );
+        println!(
+            "KV95 scaling 1 -> 2 threads (pair {pair}): {:.2}x wall, {:.2}x per CPU-second (the latter discounts other load on the machine)",
+            two / one,
+            two_cpu / one_cpu
+        );
+        wall.push(two / one);
+        cpu.push(two_cpu / one_cpu);
+    }
+    if pairs > 1 {
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        println!(
+            "KV95 scaling, median of {pairs} alternating pairs: {:.2}x wall, {:.2}x per CPU-second",
+            median(&mut wall),
+            median(&mut cpu)
+        );
+    }
 }
