@@ -511,8 +511,29 @@ impl<'a, V> Iter<'a, V> {
 
 impl<'a, V> Iterator for Iter<'a, V> {
     type Item = (&'a [u8], &'a V);
-    #[inline]
+    /// The common step of an unbounded forward scan, the run's next slot
+    /// holding a leaf, is inlined into the caller's loop; every other step
+    /// goes out of line ([`Iter::step`]). A whole `next` inlined nowhere
+    /// cost a call, its spills and its checks per key (67 instructions per
+    /// object in statedb's full scan).
+    #[inline(always)]
     fn next(&mut self) -> Option<Self::Item> {
+        if !self.bounded {
+            let run = self.run.as_slice();
+            if let Some(Some(c)) = run.first() {
+                if let Kind::Leaf(l) = c.kind() {
+                    self.run.next();
+                    return Some((&l.h.bytes, &l.value));
+                }
+            }
+        }
+        self.step()
+    }
+}
+
+impl<'a, V> Iter<'a, V> {
+    #[inline(never)]
+    fn step(&mut self) -> Option<(&'a [u8], &'a V)> {
         if self.runs {
             let bounded = self.bounded;
             for slot in self.run.by_ref() {
