@@ -73,6 +73,9 @@ fn same_thread(rounds: usize) -> Vec<u64> {
         watch_a = Some(watch);
         rows.clear();
         rows.extend(changed.map(|o| o.value().clone()));
+        // Exactly this round's rows: the last revision copied on was
+        // rewritten with the rest.
+        assert_eq!(rows.len(), BATCH as usize);
         let mut w = db.write_txn(&[&b.table]).unwrap();
         for o in rows.drain(..) {
             b.table.insert(&mut w, o).unwrap();
