@@ -19,15 +19,31 @@ use statedb::KeyLayout;
 
 const N: u64 = 1000;
 
+/// How a `WriteTxn_N` benchmark writes its 1000 objects per iteration.
+#[derive(Clone, Copy, PartialEq)]
+enum Shape {
+    /// Ids `0..1000` in turn (a table of 1000 objects); two tags per object
+    /// with the secondary index.
+    Ours,
+    /// Go statedb's: every transaction rewrites ids `0..batch` (a table of
+    /// `batch` objects; `WriteTxn_1` rewrites one), one tag per object.
+    Go,
+}
+
 fn write_txn_batch<M: Measurement>(
     c: &mut Criterion<M>,
     name: &str,
     batch: u64,
     secondary: bool,
     layout: KeyLayout,
+    shape: Shape,
 ) {
     let b = new_db_layout(secondary, layout);
-    let mk = if secondary { tagged } else { obj };
+    let mk = match (secondary, shape) {
+        (false, _) => obj,
+        (true, Shape::Ours) => tagged,
+        (true, Shape::Go) => tagged_test,
+    };
     let mut g = c.benchmark_group(GROUP.with(|g| g.get()));
     g.throughput(Throughput::Elements(N));
     g.bench_function(name, |bn| {
@@ -36,36 +52,9 @@ fn write_txn_batch<M: Measurement>(
             while id < N {
                 let mut w = b.db.write_txn(&[&b.table]).unwrap();
                 for _ in 0..batch {
-                    b.table.insert(&mut w, mk(id)).unwrap();
+                    let key = if shape == Shape::Go { id % batch } else { id };
+                    b.table.insert(&mut w, mk(key)).unwrap();
                     id += 1;
-                }
-                w.commit().unwrap();
-            }
-        })
-    });
-    g.finish();
-}
-
-/// Go statedb's own shape of `WriteTxn_N` (and, with `secondary`, of
-/// `WriteTxn_100_SecondaryIndex`, one tag per object): every transaction
-/// writes ids `0..batch` again, so the table holds `batch` objects
-/// (`WriteTxn_1` rewrites one object). 1000 objects written per iteration.
-fn write_txn_go_shape<M: Measurement>(
-    c: &mut Criterion<M>,
-    name: &str,
-    batch: u64,
-    secondary: bool,
-) {
-    let b = new_db_layout(secondary, KeyLayout::Bytes);
-    let mk = if secondary { tagged_test } else { obj };
-    let mut g = c.benchmark_group(GROUP.with(|g| g.get()));
-    g.throughput(Throughput::Elements(N));
-    g.bench_function(name, |bn| {
-        bn.iter(|| {
-            for _ in 0..N / batch {
-                let mut w = b.db.write_txn(&[&b.table]).unwrap();
-                for id in 0..batch {
-                    b.table.insert(&mut w, mk(id)).unwrap();
                 }
                 w.commit().unwrap();
             }
@@ -117,21 +106,21 @@ fn shuffled(n: u64) -> Vec<u64> {
 }
 
 fn benches<M: Measurement>(c: &mut Criterion<M>) {
-    write_txn_batch(c, "WriteTxn_1", 1, false, KeyLayout::Bytes);
-    write_txn_batch(c, "WriteTxn_10", 10, false, KeyLayout::Bytes);
-    write_txn_batch(c, "WriteTxn_100", 100, false, KeyLayout::Bytes);
-    write_txn_batch(c, "WriteTxn_1000", 1000, false, KeyLayout::Bytes);
-    write_txn_batch(
-        c,
-        "WriteTxn_100_SecondaryIndex",
-        100,
-        true,
-        KeyLayout::Bytes,
-    );
-    write_txn_go_shape(c, "GoShape/WriteTxn_1", 1, false);
-    write_txn_go_shape(c, "GoShape/WriteTxn_10", 10, false);
-    write_txn_go_shape(c, "GoShape/WriteTxn_100", 100, false);
-    write_txn_go_shape(c, "GoShape/WriteTxn_100_SecondaryIndex", 100, true);
+    use KeyLayout::{Bytes, Nibbles};
+    use Shape::{Go, Ours};
+    for (name, batch, secondary, shape) in [
+        ("WriteTxn_1", 1, false, Ours),
+        ("WriteTxn_10", 10, false, Ours),
+        ("WriteTxn_100", 100, false, Ours),
+        ("WriteTxn_1000", 1000, false, Ours),
+        ("WriteTxn_100_SecondaryIndex", 100, true, Ours),
+        ("GoShape/WriteTxn_1", 1, false, Go),
+        ("GoShape/WriteTxn_10", 10, false, Go),
+        ("GoShape/WriteTxn_100", 100, false, Go),
+        ("GoShape/WriteTxn_100_SecondaryIndex", 100, true, Go),
+    ] {
+        write_txn_batch(c, name, batch, secondary, Bytes, shape);
+    }
     go_shape_rewrites(c, &shuffled(N));
 
     let mut g = c.benchmark_group(GROUP.with(|g| g.get()));
@@ -235,15 +224,13 @@ fn benches<M: Measurement>(c: &mut Criterion<M>) {
     g.finish();
 
     // The same on nibble-layout tables (write-optimised; see KeyLayout).
-    write_txn_batch(c, "Nibbles/WriteTxn_1", 1, false, KeyLayout::Nibbles);
-    write_txn_batch(c, "Nibbles/WriteTxn_100", 100, false, KeyLayout::Nibbles);
-    write_txn_batch(
-        c,
-        "Nibbles/WriteTxn_100_SecondaryIndex",
-        100,
-        true,
-        KeyLayout::Nibbles,
-    );
+    for (name, batch, secondary) in [
+        ("Nibbles/WriteTxn_1", 1, false),
+        ("Nibbles/WriteTxn_100", 100, false),
+        ("Nibbles/WriteTxn_100_SecondaryIndex", 100, true),
+    ] {
+        write_txn_batch(c, name, batch, secondary, Nibbles, Ours);
+    }
     let mut g = c.benchmark_group(GROUP.with(|g| g.get()));
     g.throughput(Throughput::Elements(N));
     let b = new_db_layout(false, KeyLayout::Nibbles);
