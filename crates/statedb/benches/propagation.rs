@@ -46,6 +46,15 @@ fn wait(w: &statedb::Watch, spin: Duration, timeout: Duration) -> bool {
     statedb::wait_spin(w, spin, timeout)
 }
 
+/// The writer's transaction: `ids` inserted into `a`'s table, committed.
+fn write_batch(a: &Bench, ids: std::ops::Range<u64>) {
+    let mut w = a.db.write_txn(&[&a.table]).unwrap();
+    for id in ids {
+        a.table.insert(&mut w, obj(id)).unwrap();
+    }
+    w.commit().unwrap();
+}
+
 /// Go's shape, in one thread: returns the sorted round times in ns.
 fn same_thread(rounds: usize) -> Vec<u64> {
     let db = Db::with_options(env_db_options());
@@ -59,11 +68,7 @@ fn same_thread(rounds: usize) -> Vec<u64> {
     let warmup = rounds / 10;
     for round in 0..rounds + warmup {
         let start = Instant::now();
-        let mut w = db.write_txn(&[&a.table]).unwrap();
-        for id in 0..BATCH {
-            a.table.insert(&mut w, obj(id)).unwrap();
-        }
-        w.commit().unwrap();
+        write_batch(&a, 0..BATCH);
         if let Some(watch) = watch_a.take() {
             watch.wait();
         }
@@ -181,12 +186,8 @@ fn main() {
     let warmup = rounds / 10;
     for round in 0..rounds + warmup {
         let start = Instant::now();
-        let mut w = db.write_txn(&[&a.table]).unwrap();
-        for _ in 0..BATCH {
-            a.table.insert(&mut w, obj(id)).unwrap();
-            id += 1;
-        }
-        w.commit().unwrap();
+        write_batch(&a, id..id + BATCH);
+        id += BATCH;
         let written = start.elapsed();
         loop {
             let r = db.read_txn();
