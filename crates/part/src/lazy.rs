@@ -98,6 +98,20 @@ impl LazyWatch {
         self.ptr.load(Ordering::Acquire).is_null()
     }
 
+    /// Whether the slot is empty (never watched, or emptied by [`take`]):
+    /// a node changed in place then has no watch to hand on. Read through
+    /// `&mut`, so no reader can be installing one.
+    ///
+    /// [`take`]: LazyWatch::take
+    #[inline]
+    pub(crate) fn is_unset(&mut self) -> bool {
+        #[cfg(not(loom))]
+        let p = *self.ptr.get_mut();
+        #[cfg(loom)]
+        let p = self.ptr.load(Ordering::Acquire);
+        p.is_null()
+    }
+
     /// Takes the live watch out of a node being mutated in place, leaving the
     /// slot empty for the node's new contents.
     pub(crate) fn take(&mut self) -> Option<Arc<WatchInner>> {

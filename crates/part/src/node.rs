@@ -1010,6 +1010,22 @@ impl<'a, V> NodeMut<'a, V> {
         }
     }
 
+    /// Exclusive access to the child under `b` when the node can give it
+    /// without changing: `None` when there is none, when a node256 borrows
+    /// it, or when a delta has no patch for it (both would first take a
+    /// reference of their own, as [`NodeMut::child_mut`] does).
+    #[inline]
+    pub(crate) fn owned_child_mut(self, b: u8) -> Option<&'a mut Child<V>> {
+        match self {
+            NodeMut::N256(n) => n.slots.get_mut_owned(b),
+            NodeMut::D256(n) => {
+                let i = n.patch_index(b)?;
+                n.patches[i].as_mut()
+            }
+            other => other.child_mut(b),
+        }
+    }
+
     /// Adds a child to a node with room for it.
     fn add_child(self, b: u8, child: Child<V>) {
         match self {

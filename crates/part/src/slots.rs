@@ -160,6 +160,16 @@ impl<V> Slots256<V> {
         self.children[b as usize].as_mut()
     }
 
+    /// Exclusive access to the child under `b` if the slot owns it; `None`
+    /// for a borrowed or empty slot. Changes nothing (see [`Slots256::get_mut`]).
+    #[inline]
+    pub(crate) fn get_mut_owned(&mut self, b: u8) -> Option<&mut Child<V>> {
+        if self.is_borrowed(b) {
+            return None;
+        }
+        self.children[b as usize].as_mut()
+    }
+
     /// Which bytes hold a child.
     #[inline]
     pub(crate) fn present(&self) -> [u64; 4] {

@@ -300,6 +300,12 @@ impl<V: Clone> Txn<V> {
             Some((slot, depth)) if !slot.is_leaf() => (slot, depth, false),
             _ => (&mut self.root, 0usize, true),
         };
+        // One walk when the whole path is already private (most deletes of a
+        // large transaction); it changes nothing before it finds the key.
+        if let Some(done) = delete_in_place(rec, finger, slot, key, depth, is_root) {
+            self.len -= usize::from(done.is_some());
+            return done;
+        }
         // Look before copying: deleting a missing key must copy no node and
         // fire no watch. The second walk finds its nodes in cache.
         get_below(slot, key, depth + slot.bytes().len())?;
@@ -513,6 +519,55 @@ fn take_value<V: Clone>(leaf: Child<V>, rec: &mut Recorder<V>) -> V {
     };
     rec.removed(leaf);
     value
+}
+
+/// [`Txn::delete`] in one walk from `slot` (its node starting at `depth`),
+/// for a path the transaction may change in place as it stands: every node
+/// unique and holding no watch, every child reached one the node owns.
+/// `make_mut` would then copy nothing and hand on no watch, so nothing needs
+/// looking at before the walk, and a missing key leaves everything as it
+/// was. Returns `None` (having changed nothing) when the walk meets a node
+/// that needs [`Txn::delete`]'s careful path: a shared or watched node, a
+/// child borrowed or unpatched, a key that ends at a terminal, or a leaf
+/// whose parent is the root.
+#[inline]
+fn delete_in_place<V: Clone>(
+    rec: &mut Recorder<V>,
+    finger: &mut Finger<V>,
+    mut slot: &mut Child<V>,
+    key: &[u8],
+    mut depth: usize,
+    mut is_root: bool,
+) -> Option<Option<V>> {
+    loop {
+        let top = depth;
+        // `get_mut` is `make_mut`'s uniqueness test, without its copy.
+        if !slot.get_mut()?.header_mut().watch.is_unset() {
+            return None;
+        }
+        depth += slot.bytes().len();
+        let &b = key.get(depth)?;
+        let Some(child) = slot.find_child(b) else {
+            return Some(None);
+        };
+        if child.is_leaf() {
+            if !crate::bytes::eq(child.bytes(), key) {
+                return Some(None);
+            }
+            if is_root {
+                return None;
+            }
+            let (value, leaf) = slot.remove_leaf(b, rec.all)?;
+            if let Some(leaf) = leaf {
+                rec.removed(leaf);
+            }
+            normalize(rec, slot);
+            finger.set(NonNull::from(slot), key, top);
+            return Some(Some(value));
+        }
+        slot = slot.get_mut()?.owned_child_mut(b)?;
+        is_root = false;
+    }
 }
 
 /// Restores the inner-node invariants of the (already private) node in

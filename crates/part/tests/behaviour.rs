@@ -518,3 +518,89 @@ fn watches_across_the_compressed_root() {
     check(&t4).unwrap();
     assert_eq!(t4.len(), 3);
 }
+
+/// 20,000 keys deleted in a scattered order in one transaction: after the
+/// first delete under each node, the path is private and a delete walks it
+/// once, in place (`txn.rs`, `delete_in_place`). Misses change nothing, the
+/// snapshot it started from stays whole, and the watches are right.
+#[test]
+fn deletes_of_a_large_txn_keep_snapshots_and_watches_right() {
+    let key = |i: u64| (i * 7).to_be_bytes();
+    let mut txn = Tree::new().txn();
+    for i in 0..20_000u64 {
+        txn.insert(&key(i), i as u32).unwrap();
+    }
+    let t0 = txn.commit();
+    let watches: Vec<_> = (1000..1040u64)
+        .map(|i| (i, t0.get_watch(&key(i)).1))
+        .collect();
+    let mut model: std::collections::BTreeMap<[u8; 8], u32> =
+        (0..20_000u64).map(|i| (key(i), i as u32)).collect();
+    let mut txn = t0.txn();
+    for step in 0..30_000u64 {
+        // A fixed permutation of 0..2^15; every third key is kept.
+        let i = step.wrapping_mul(0x9e37_79b1) & 0x7fff;
+        if i % 3 == 1 {
+            continue;
+        }
+        // Keys past 20,000 and keys between the multiples of 7 are misses.
+        let k = if step % 5 == 0 {
+            (i * 7 + 3).to_be_bytes()
+        } else {
+            key(i)
+        };
+        assert_eq!(txn.delete(&k), model.remove(&k), "step {step}");
+        assert_eq!(txn.len(), model.len());
+        if step % 1009 == 0 {
+            txn.check_invariants().unwrap();
+        }
+    }
+    let t1 = txn.commit();
+    check(&t1).unwrap();
+    let got: Vec<([u8; 8], u32)> = t1
+        .iter()
+        .map(|(k, v)| (k.try_into().unwrap(), *v))
+        .collect();
+    assert_eq!(got, model.into_iter().collect::<Vec<_>>());
+    assert_eq!(t0.len(), 20_000);
+    for i in 0..20_000u64 {
+        assert_eq!(t0.get(&key(i)), Some(&(i as u32)));
+    }
+    // A key's watch fires exactly when the key was deleted.
+    let deleted = watches
+        .iter()
+        .filter(|(i, _)| t1.get(&key(*i)).is_none())
+        .count();
+    assert!(
+        deleted > 10 && deleted < 40,
+        "{deleted} of the 40 watched keys deleted"
+    );
+    for (i, w) in &watches {
+        assert_eq!(w.is_closed(), t1.get(&key(*i)).is_none(), "key {i}");
+    }
+}
+
+/// A node the transaction owns alone (its snapshot was dropped) but that
+/// someone watches must still hand its watch on when a delete changes it:
+/// the one-walk delete leaves such a path to the careful one.
+#[test]
+fn a_delete_under_a_watched_node_the_txn_owns_alone_fires_its_watch() {
+    let key = |i: u64| (i * 7).to_be_bytes();
+    let mut txn = Tree::new().txn();
+    for i in 0..2_000u64 {
+        txn.insert(&key(i), i as u32).unwrap();
+    }
+    let t0 = txn.commit();
+    // A missing key's watch is its deepest node's: the node256 that holds
+    // `key(500)` too.
+    let (_, node_w) = t0.get_watch(&(500u64 * 7 + 1).to_be_bytes());
+    let (_, other_w) = t0.get_watch(&(1900u64 * 7 + 1).to_be_bytes());
+    // With the snapshot gone the transaction is the only owner of every
+    // node on the path, and the watched one still holds its watch.
+    let mut txn = t0.txn();
+    drop(t0);
+    assert_eq!(txn.delete(&key(500)), Some(500));
+    txn.commit();
+    assert!(node_w.is_closed());
+    assert!(!other_w.is_closed());
+}
