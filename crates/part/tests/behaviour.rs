@@ -519,18 +519,28 @@ fn watches_across_the_compressed_root() {
     assert_eq!(t4.len(), 3);
 }
 
+/// The 8-byte big-endian key `7 * i`.
+fn seventh(i: u64) -> [u8; 8] {
+    (i * 7).to_be_bytes()
+}
+
+/// A tree (per-node watches) of the keys `seventh(i)` for `i < n`, valued `i`.
+fn sevenths(n: u64) -> Tree<u32> {
+    let mut txn = Tree::new().txn();
+    for i in 0..n {
+        txn.insert(&seventh(i), i as u32).unwrap();
+    }
+    txn.commit()
+}
+
 /// 20,000 keys deleted in a scattered order in one transaction: after the
 /// first delete under each node, the path is private and a delete walks it
 /// once, in place (`txn.rs`, `delete_in_place`). Misses change nothing, the
 /// snapshot it started from stays whole, and the watches are right.
 #[test]
 fn deletes_of_a_large_txn_keep_snapshots_and_watches_right() {
-    let key = |i: u64| (i * 7).to_be_bytes();
-    let mut txn = Tree::new().txn();
-    for i in 0..20_000u64 {
-        txn.insert(&key(i), i as u32).unwrap();
-    }
-    let t0 = txn.commit();
+    let key = seventh;
+    let t0 = sevenths(20_000);
     let watches: Vec<_> = (1000..1040u64)
         .map(|i| (i, t0.get_watch(&key(i)).1))
         .collect();
@@ -585,12 +595,8 @@ fn deletes_of_a_large_txn_keep_snapshots_and_watches_right() {
 /// the one-walk delete leaves such a path to the careful one.
 #[test]
 fn a_delete_under_a_watched_node_the_txn_owns_alone_fires_its_watch() {
-    let key = |i: u64| (i * 7).to_be_bytes();
-    let mut txn = Tree::new().txn();
-    for i in 0..2_000u64 {
-        txn.insert(&key(i), i as u32).unwrap();
-    }
-    let t0 = txn.commit();
+    let key = seventh;
+    let t0 = sevenths(2_000);
     // A missing key's watch is its deepest node's: the node256 that holds
     // `key(500)` too.
     let (_, node_w) = t0.get_watch(&(500u64 * 7 + 1).to_be_bytes());
