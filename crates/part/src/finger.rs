@@ -178,11 +178,15 @@ impl<V> Finger<V> {
 
 impl<V> Place<V> {
     /// Whether the walk for `key` passes through the slot: `key` starts
-    /// with the remembered `key[..=depth]`.
+    /// with the remembered `key[..=depth]`. The last of those bytes, the one
+    /// that picks the slot's node in its parent, is tested first: writes
+    /// that miss the finger (random keys) mostly differ there.
     #[inline(always)]
     fn leads_to(&self, key: &[u8]) -> bool {
         let n = self.depth + 1;
-        key.len() >= n && crate::bytes::eq(&key[..n], &self.prefix[..n])
+        key.len() >= n
+            && key[n - 1] == self.prefix[n - 1]
+            && crate::bytes::eq(&key[..n - 1], &self.prefix[..n - 1])
     }
 
     #[cold]
