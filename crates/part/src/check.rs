@@ -73,12 +73,7 @@ pub(crate) fn check_root<V>(root: &Child<V>, len: usize) -> Result<(), String> {
                 )
             }
             Kind::D256(x) => {
-                let bits: u32 = x.patched.iter().map(|w| w.count_ones()).sum();
-                let keys = &x.keys[..x.n as usize];
-                let distinct = keys.iter().collect::<std::collections::BTreeSet<_>>().len();
-                if bits as usize != keys.len() || distinct != keys.len() {
-                    return Err(format!("delta256 patch bitmap/keys mismatch at {path:?}"));
-                }
+                x.p.check().map_err(|e| format!("{e} at {path:?}"))?;
                 (
                     N256_MIN,
                     (0..=255u8).filter(|&b| n.find_child(b).is_some()).count(),

@@ -403,22 +403,32 @@ impl<V> Child<V> {
         // be exclusive: the count is 1 and `self` holds it (no other
         // `NodeRc`/`Child` reaches the node) and `&mut self` excludes
         // borrows through this one for the returned lifetime. (A node256
-        // slot may hold an uncounted copy of a child; `slots.rs` takes a
-        // count before such a child is written, so it is never unique here.)
+        // slot or a delta's patch may hold an uncounted copy of a child;
+        // `slots.rs` and `patches.rs` take a count before such a child is
+        // written, so it is never unique here.)
         Some(unsafe { std::mem::transmute::<TagAndPtr, NodeMut<'_, V>>(raw) })
     }
 
     /// A new reference to the node, if it is a node256.
     pub(crate) fn n256(&self) -> Option<NodeRc<N256<V>>> {
-        if self.tag() != <N256<V> as Node<V>>::TAG {
+        self.rc()
+    }
+
+    /// A new reference to the node, if it is a delta node256.
+    pub(crate) fn d256(&self) -> Option<NodeRc<D256<V>>> {
+        self.rc()
+    }
+
+    fn rc<T: Node<V>>(&self) -> Option<NodeRc<T>> {
+        if self.tag() != T::TAG {
             return None;
         }
-        // SAFETY: the tag says the node is an `N256` from a `NodeRc`; the
-        // count taken here is the returned handle's.
+        // SAFETY: the tag says the node is a `T` from a `NodeRc`; the count
+        // taken here is the returned handle's.
         unsafe {
             incr(self.node());
             Some(NodeRc {
-                ptr: NonNull::new_unchecked(self.node().cast::<N256<V>>().cast_mut()),
+                ptr: NonNull::new_unchecked(self.node().cast::<T>().cast_mut()),
                 _owns: PhantomData,
             })
         }

@@ -12,10 +12,11 @@
 //!   watches carries no watch allocation at all. [`Options::root_only_watch`]
 //!   keeps a single watch at the root instead.
 //! * Memory: a node256 a transaction copies may keep the version it was
-//!   copied from alive (it borrows that version's children instead of
-//!   taking a reference on each), until every borrowed child is rewritten
-//!   or the copy is freed. So a replaced value can outlive the last
-//!   snapshot that showed it, by at most one version per node256.
+//!   copied from alive (it borrows that version's children, or its patches
+//!   when it is a delta, instead of taking a reference on each), until
+//!   every borrowed child is rewritten or the copy is freed. So a replaced
+//!   value can outlive the last snapshot that showed it, by at most one
+//!   version per node256.
 //!
 //! ```
 //! use part::Tree;
@@ -38,6 +39,7 @@ mod finger;
 mod iter;
 mod lazy;
 mod node;
+mod patches;
 mod simd;
 mod slots;
 mod sync;

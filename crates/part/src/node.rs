@@ -14,6 +14,7 @@ use smallvec::SmallVec;
 
 pub(crate) use crate::child::{Child, Kind, NodeRc};
 use crate::lazy::LazyWatch;
+use crate::patches::Patches;
 use crate::simd;
 use crate::slots::Slots256;
 use crate::watch::WatchInner;
@@ -132,8 +133,9 @@ pub(crate) const D256_MAX: usize = 16;
 /// `base` and up to [`D256_MAX`] patched bytes (a new child, or `None` for a
 /// removed one). Copying a node256 for a write would take a reference on
 /// each of its up to 256 children (and release as many when the old version
-/// is freed); a delta takes one on the base and one per patch. Lookups check
-/// the patch bitmap, then the patch or the base. Once full, the delta is
+/// is freed); a delta takes one on the base, and its patches are mostly lent
+/// by the version it was copied from (`patches.rs`). Lookups check the
+/// patch bitmap, then the patch or the base. Once full, the delta is
 /// flattened into a private node256 (taking the base's children outright
 /// when nothing else shares it).
 #[repr(C)]
@@ -142,12 +144,7 @@ pub(crate) struct D256<V> {
     pub(crate) terminal: Option<Child<V>>,
     /// Children present (patches applied).
     pub(crate) len: u16,
-    /// Patches used.
-    pub(crate) n: u8,
-    /// Bit `b` set: byte `b` is patched.
-    pub(crate) patched: [u64; 4],
-    pub(crate) keys: [u8; D256_MAX],
-    pub(crate) patches: [Option<Child<V>>; D256_MAX],
+    pub(crate) p: Patches<V>,
     /// Flat; its header and terminal are not used.
     pub(crate) base: NodeRc<N256<V>>,
 }
@@ -155,16 +152,12 @@ pub(crate) struct D256<V> {
 impl<V> D256<V> {
     #[inline(always)]
     fn is_patched(&self, b: u8) -> bool {
-        self.patched[(b >> 6) as usize] & (1u64 << (b & 63)) != 0
+        self.p.is_patched(b)
     }
 
     #[inline(always)]
     fn patch_index(&self, b: u8) -> Option<usize> {
-        if self.is_patched(b) {
-            simd::find16(&self.keys, self.n as usize, b)
-        } else {
-            None
-        }
+        self.p.index(b)
     }
 
     /// Out of line: keeps the lookup loop over the flat kinds tight (a
@@ -172,7 +165,7 @@ impl<V> D256<V> {
     #[inline(never)]
     pub(crate) fn get(&self, b: u8) -> Option<&Child<V>> {
         match self.patch_index(b) {
-            Some(i) => self.patches[i].as_ref(),
+            Some(i) => self.p.get(i),
             None => self.base.slots.get(b),
         }
     }
@@ -196,9 +189,9 @@ impl<V> D256<V> {
                 other => break other,
             }
         };
-        let patch = (0..self.n as usize)
-            .filter(|&i| self.keys[i] as usize >= pos)
-            .filter_map(|i| self.patches[i].as_ref().map(|c| (self.keys[i] as usize, c)))
+        let patch = (0..self.p.len())
+            .filter(|&i| self.p.key(i) as usize >= pos)
+            .filter_map(|i| self.p.get(i).map(|c| (self.p.key(i) as usize, c)))
             .min_by_key(|(b, _)| *b);
         match (base, patch) {
             (Some(x), Some(y)) => Some(if y.0 < x.0 { y } else { x }),
@@ -222,9 +215,9 @@ impl<V> D256<V> {
                 other => break other,
             }
         };
-        let patch = (0..self.n as usize)
-            .filter(|&i| self.keys[i] as usize <= pos)
-            .filter_map(|i| self.patches[i].as_ref().map(|c| (self.keys[i] as usize, c)))
+        let patch = (0..self.p.len())
+            .filter(|&i| self.p.key(i) as usize <= pos)
+            .filter_map(|i| self.p.get(i).map(|c| (self.p.key(i) as usize, c)))
             .max_by_key(|(b, _)| *b);
         match (base, patch) {
             (Some(x), Some(y)) => Some(if y.0 > x.0 { y } else { x }),
@@ -242,16 +235,14 @@ impl<V> D256<V> {
             h: base.h.copy(),
             terminal: base.terminal.clone(),
             len: base.len,
-            n: 0,
-            patched: [0; 4],
-            keys: [0; D256_MAX],
-            patches: none_array(),
+            p: Patches::new(),
             base,
         }))
     }
 
+    /// A copy of this delta, which `this` points to.
     #[inline(never)]
-    fn copy(&self) -> Child<V>
+    fn copy(&self, this: &Child<V>) -> Child<V>
     where
         V: Clone,
     {
@@ -259,26 +250,18 @@ impl<V> D256<V> {
             h: self.h.copy(),
             terminal: self.terminal.clone(),
             len: self.len,
-            n: self.n,
-            patched: self.patched,
-            keys: self.keys,
-            patches: clone_slots(&self.patches, self.n as usize),
+            p: self.p.copy(this),
             base: self.base.clone(),
         }))
     }
 
     /// Adds a patch for an unpatched byte; the caller checked for room.
     fn push_patch(&mut self, b: u8, c: Option<Child<V>>) -> usize {
-        let i = self.n as usize;
-        self.keys[i] = b;
-        self.patches[i] = c;
-        self.patched[(b >> 6) as usize] |= 1u64 << (b & 63);
-        self.n += 1;
-        i
+        self.p.push(b, c)
     }
 
     fn is_full(&self) -> bool {
-        self.n as usize == D256_MAX
+        self.p.is_full()
     }
 }
 
@@ -581,7 +564,7 @@ impl<V> Child<V> {
                 len: n.len,
                 slots: Slots256::from_array(n.slots.clone_owned()),
             })),
-            Kind::D256(n) => n.copy(),
+            Kind::D256(n) => n.copy(self),
         }
     }
 
@@ -616,8 +599,8 @@ impl<V> Child<V> {
                 base.h = h;
                 base.terminal = terminal;
                 base.len = len;
-                for i in 0..d.n as usize {
-                    base.slots.put(d.keys[i], d.patches[i].take());
+                for i in 0..d.p.len() {
+                    base.slots.put(d.p.key(i), d.p.take(i));
                 }
                 d.base.clone()
             }
@@ -626,8 +609,8 @@ impl<V> Child<V> {
             // rather than taking a reference on each (see `slots.rs`).
             None => {
                 let mut flat = Slots256::new_borrowing(h, terminal, len, &d.base);
-                for i in 0..d.n as usize {
-                    flat.slots.put(d.keys[i], d.patches[i].take());
+                for i in 0..d.p.len() {
+                    flat.slots.put(d.p.key(i), d.p.take(i));
                 }
                 flat.shareable()
             }
@@ -659,15 +642,16 @@ impl<V> Child<V> {
     }
 
     /// Whether this private node holds the child under `b` without a
-    /// reference of its own: a node256's borrowed slot (see `slots.rs`) or
-    /// a delta's unpatched byte (the base's child). Such a child can be
-    /// replaced or removed without touching its count. Call after
-    /// [`Child::room_for_patch`], which may turn a delta into a node256.
+    /// reference of its own: a node256's borrowed slot (see `slots.rs`), a
+    /// delta's unpatched byte (the base's child) or lent patch (see
+    /// `patches.rs`). Such a child can be replaced or removed without
+    /// touching its count. Call after [`Child::room_for_patch`], which may
+    /// turn a delta into a node256.
     #[inline]
     pub(crate) fn borrows_child(&self, b: u8) -> bool {
         match self.kind() {
             Kind::N256(n) => n.slots.is_borrowed(b),
-            Kind::D256(d) => !d.is_patched(b),
+            Kind::D256(d) => d.patch_index(b).is_none_or(|i| d.p.is_lent(i)),
             _ => false,
         }
     }
@@ -685,7 +669,12 @@ impl<V> Child<V> {
             }
             Some(NodeMut::D256(d)) => {
                 d.len -= u16::from(unlink);
-                d.push_patch(b, c);
+                match d.patch_index(b) {
+                    Some(i) => d.p.set(i, c),
+                    None => {
+                        d.push_patch(b, c);
+                    }
+                }
             }
             _ => {}
         }
@@ -899,11 +888,12 @@ impl<V> Child<V> {
             Some(NodeMut::D256(x)) => {
                 let mut m = n48_empty(&mut x.h, x.terminal.take());
                 let base = x.base.slots.present();
-                let bits: [u64; 4] = std::array::from_fn(|w| base[w] | x.patched[w]);
+                let patched = x.p.patched();
+                let bits: [u64; 4] = std::array::from_fn(|w| base[w] | patched[w]);
                 crate::slots::each_bit(bits, |b| {
                     let b = b as u8;
                     let c = match x.patch_index(b) {
-                        Some(i) => x.patches[i].take(),
+                        Some(i) => x.p.take(i),
                         None => x.base.slots.get(b).cloned(),
                     };
                     if let Some(c) = c {
@@ -1005,7 +995,7 @@ impl<'a, V> NodeMut<'a, V> {
                         n.push_patch(b, Some(c))
                     }
                 };
-                n.patches[i].as_mut()
+                n.p.get_mut(i)
             }
         }
     }
@@ -1020,7 +1010,7 @@ impl<'a, V> NodeMut<'a, V> {
             NodeMut::N256(n) => n.slots.get_mut_owned(b),
             NodeMut::D256(n) => {
                 let i = n.patch_index(b)?;
-                n.patches[i].as_mut()
+                n.p.get_mut_owned(i)
             }
             other => other.child_mut(b),
         }
@@ -1069,7 +1059,7 @@ impl<'a, V> NodeMut<'a, V> {
             }
             NodeMut::D256(n) => {
                 match n.patch_index(b) {
-                    Some(i) => n.patches[i] = Some(child),
+                    Some(i) => n.p.set(i, Some(child)),
                     // `Child::add_child` flattened a full delta first.
                     None => {
                         n.push_patch(b, Some(child));
@@ -1119,7 +1109,7 @@ impl<'a, V> NodeMut<'a, V> {
             }
             NodeMut::D256(n) => {
                 let c = match n.patch_index(b) {
-                    Some(i) => n.patches[i].take()?,
+                    Some(i) => n.p.take(i)?,
                     None => {
                         // A tombstone hides the base's child; `Child::
                         // remove_child` flattened a full delta first.
@@ -1186,7 +1176,7 @@ fn drop_children_with<V>(
             Some(NodeMut::N48(n)) => collect_unique(&mut n.children, &mut work),
             Some(NodeMut::N256(n)) => collect_unique(n.slots.for_drop(), &mut work),
             Some(NodeMut::D256(n)) => {
-                collect_unique(&mut n.patches, &mut work);
+                collect_unique(n.p.for_drop(), &mut work);
                 if let Some(base) = NodeRc::get_mut(&mut n.base) {
                     collect_unique(base.slots.for_drop(), &mut work);
                 }
@@ -1222,13 +1212,5 @@ impl<V> Drop for N16<V> {
 impl<V> Drop for N48<V> {
     fn drop(&mut self) {
         drop_children(&mut self.children);
-    }
-}
-
-impl<V> Drop for D256<V> {
-    fn drop(&mut self) {
-        drop_children(&mut self.patches);
-        // The base (when this held its last reference) drops its children
-        // through its own `Drop`, under the same depth limit.
     }
 }

@@ -429,3 +429,81 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Generations of one- to three-key transactions on a node256: each
+    /// copies the delta the one before committed, borrowing its patches
+    /// (`patches.rs`), owning a few more each time until it takes them all.
+    /// Writes go mostly to a few bytes, so patches are rewritten, deleted and
+    /// written below (two-byte keys make a patch an inner node). Old trees
+    /// are dropped before a transaction (its lender is then held by its
+    /// borrower alone), kept as snapshots, or released at random. Every tree,
+    /// snapshot and watch behaves as the model says; the checker verifies
+    /// each lent patch against its lender.
+    #[test]
+    fn lent_patches_under_snapshots(
+        base in 150u16..=256,
+        txns in proptest::collection::vec(
+            (
+                proptest::collection::vec((0u8..6, 0u8..24, 0u8..3, any::<u32>()), 1..4),
+                0u8..4,
+                any::<u8>(),
+            ),
+            1..60,
+        ),
+    ) {
+        let mut model = Model::new();
+        let mut txn = Tree::new().txn();
+        for a in 0..base {
+            let k = vec![a as u8];
+            txn.insert(&k, a as u32).unwrap();
+            model.insert(k, a as u32);
+        }
+        let mut tree = txn.commit();
+        let mut snapshots: Vec<(Tree<u32>, Model)> = Vec::new();
+        for (ops, action, probe) in &txns {
+            let probe_key = vec![*probe % 24];
+            let watch = tree.get_watch(&probe_key).1;
+            let mut txn = tree.txn();
+            if *action == 1 {
+                drop(std::mem::replace(&mut tree, Tree::new()));
+            }
+            let mut probe_written = false;
+            for (op, a, b, v) in ops {
+                let k = if *b == 0 { vec![*a] } else { vec![*a, *b] };
+                probe_written |= k == probe_key && (*op < 4 || model.contains_key(&k));
+                match op {
+                    0..=2 => prop_assert_eq!(txn.insert(&k, *v).unwrap(), model.insert(k, *v)),
+                    3 => {
+                        let want = model.get(&k).map_or(*v, |x| x ^ v);
+                        let got = txn.modify(&k, |old| old.map_or(*v, |x| x ^ v)).unwrap();
+                        prop_assert_eq!(got, model.insert(k, want));
+                    }
+                    _ => prop_assert_eq!(txn.delete(&k), model.remove(&k)),
+                }
+            }
+            txn.check_invariants().map_err(TestCaseError::fail)?;
+            prop_assert!(!watch.is_closed(), "fired before commit");
+            tree = txn.commit();
+            if probe_written {
+                prop_assert!(watch.is_closed(), "watch on written key {:?} not fired", probe_key);
+            }
+            check(&tree).map_err(TestCaseError::fail)?;
+            check_reads(&tree, &model, &[7], &[20, 1])?;
+            match action {
+                2 => snapshots.push((tree.clone(), model.clone())),
+                3 if !snapshots.is_empty() => {
+                    let i = *probe as usize % snapshots.len();
+                    snapshots.swap_remove(i);
+                }
+                _ => {}
+            }
+        }
+        for (snap, m) in &snapshots {
+            check(snap).map_err(TestCaseError::fail)?;
+            check_reads(snap, m, &[7], &[20, 1])?;
+        }
+    }
+}

@@ -3,9 +3,10 @@
 //! the table size (the suite's `WriteTxn_1` on 1000 objects), in a fresh
 //! process, for profilers.
 //!
-//! `cargo run --release -p statedb --example single_writes -- [TXNS] [OBJECTS] [seq|new] [ROWS]`
+//! `cargo run --release -p statedb --example single_writes -- [TXNS] [OBJECTS] [seq|new|perm] [ROWS]`
 //! (`new`: every row is a new object, ids counting up from `OBJECTS`)
-//! (`ROWS` per transaction, default 1)
+//! (`ROWS` per transaction, default 1; `perm`: each transaction rewrites
+//! the whole table in one shuffled order)
 
 // The benchmark suite's fixtures: `TestObject`, tables, `fill`.
 #[path = "../benches/common.rs"]
@@ -29,7 +30,14 @@ fn main() {
     // `new`: ids OBJECTS, OBJECTS + 1, ...: every row is a new object (the
     // PropagationDelay writers' transactions).
     let fresh = args.get(2).is_some_and(|s| s == "new");
-    let batch: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
+    // `perm`: every transaction rewrites the whole table in one shuffled
+    // order (the suite's `GoShape/RandomInsert` on 1000 objects).
+    let perm = args.get(2).is_some_and(|s| s == "perm");
+    let batch: u64 = if perm {
+        objects
+    } else {
+        args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1)
+    };
     // STATEDB_BENCH_INLINE_FREE=1: no background thread (commits free what
     // they supersede either way).
     let db = Db::with_options(common::env_db_options());
@@ -38,6 +46,13 @@ fn main() {
     let table = &b.table;
     // A fixed pseudo-random order (xorshift), the same in every run.
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut order: Vec<u64> = (0..objects).collect();
+    for i in (1..order.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
     let t0 = std::time::Instant::now();
     for i in 0..txns {
         x ^= x << 13;
@@ -45,7 +60,9 @@ fn main() {
         x ^= x << 17;
         let mut w = db.write_txn(&[table]).expect("table is in the db");
         for j in 0..batch {
-            let id = if fresh {
+            let id = if perm {
+                order[j as usize]
+            } else if fresh {
                 objects + i * batch + j
             } else if seq {
                 (i * batch + j) % objects
