@@ -95,6 +95,12 @@ unsafe fn alloc_node<V>(
     }
 }
 
+/// Children a borrowing base may own before a copy of it owns them all
+/// (see [`Slots256::new_borrowing`]). A simulation of random 16-patch
+/// flattens put the references taken per flatten at 214 without the cap,
+/// 91 / 76 / 70 / 68 / 72 / 84 with it at 16 / 32 / 48 / 64 / 96 / 128.
+const OWNED_MAX: u32 = 64;
+
 #[inline(always)]
 fn bit(b: u8) -> (usize, u64) {
     ((b >> 6) as usize, 1u64 << (b & 63))
@@ -239,8 +245,14 @@ impl<V> Slots256<V> {
     /// per child: the children `base` owns are borrowed from `base`; those
     /// `base` itself borrows are borrowed from its lender instead, so lenders
     /// never chain (the children `base` owns then get a reference each).
-    /// Built in its own allocation: a 4 KiB array built on the stack and
-    /// moved in is copied several times over.
+    /// A base that owns more than [`OWNED_MAX`] is copied with a reference
+    /// on every child instead, and lends to the copies after it: what a
+    /// borrowing base owns grows with each generation of copies, and under
+    /// random writes it reaches all 256 children only after hundreds of
+    /// generations (every byte rewritten once), so without the cap nearly
+    /// every flatten took a reference on nearly every child (see the
+    /// design doc). Built in its own allocation: a 4 KiB array built on the
+    /// stack and moved in is copied several times over.
     pub(crate) fn new_borrowing(
         h: Header,
         terminal: Option<Child<V>>,
@@ -252,22 +264,28 @@ impl<V> Slots256<V> {
             None => (src.present, (src.present != [0; 4]).then(|| base.clone())),
             Some(lender) => {
                 let owned: [u64; 4] = std::array::from_fn(|w| src.present[w] & !src.borrowed[w]);
-                each_bit(owned, |i| {
+                let many = owned.iter().map(|w| w.count_ones()).sum::<u32>() > OWNED_MAX;
+                each_bit(if many { src.present } else { owned }, |i| {
                     if let Some(c) = &src.children[i] {
                         // The bitwise copy made below stands for this reference.
                         forget(c.clone());
                     }
                 });
-                // `base` has a lender, so it borrows some slot.
-                (src.borrowed, Some(lender.clone()))
+                if many {
+                    ([0; 4], None)
+                } else {
+                    // `base` has a lender, so it borrows some slot.
+                    (src.borrowed, Some(lender.clone()))
+                }
             }
         };
         // SAFETY: the child array is a bitwise copy of `base`'s. Each
         // non-empty copy is either marked borrowed, with `lender` (a
         // reference on its owner, `base` or `base`'s lender) keeping it alive
         // and immutable while it is never dropped (module invariants), or
-        // was given a reference of its own above; `present` is `base`'s. The
-        // counts therefore stay exact.
+        // was given a reference of its own above (all of them when `base`
+        // owned many); `present` is `base`'s. The counts therefore stay
+        // exact.
         unsafe {
             alloc_node(
                 h,
@@ -405,6 +423,41 @@ mod tests {
                 _ => 0,
             } + u32::from(b);
             assert_eq!(t2.get(&[b]), Some(&want));
+        }
+    }
+
+    #[test]
+    fn a_base_owning_many_is_copied_owning_all_and_lends_after() {
+        let t0 = wide();
+        let t1 = rewrite(&t0, 0..20, 1000);
+        // `t1` owns 20: a copy borrows from `t0` and owns 20 + 60.
+        let t2 = rewrite(&t1, 20..80, 2000);
+        assert_eq!(borrowed(&t2), 176);
+        // `t2` owns more than `OWNED_MAX`: its copy owns every child ...
+        let t3 = rewrite(&t2, 200..220, 3000);
+        assert!(root(&t3).slots.lender.is_none());
+        assert_eq!(borrowed(&t3), 0);
+        // ... and lends them to the next copy.
+        let t4 = rewrite(&t3, 230..250, 4000);
+        assert_eq!(borrowed(&t4), 236);
+        assert!(std::ptr::eq(
+            &**root(&t4).slots.lender.as_ref().unwrap(),
+            root(&t3)
+        ));
+        // `t0` is no one's lender any more.
+        drop((t1, t2));
+        assert_eq!(t0.root.strong_count(), 1);
+        drop((t0, t3));
+        crate::check::check(&t4).unwrap();
+        for b in 0..=255u8 {
+            let want = match b {
+                0..20 => 1000,
+                20..80 => 2000,
+                200..220 => 3000,
+                230..250 => 4000,
+                _ => 0,
+            } + u32::from(b);
+            assert_eq!(t4.get(&[b]), Some(&want));
         }
     }
 }
