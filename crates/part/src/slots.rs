@@ -353,13 +353,13 @@ impl<V> Drop for Slots256<V> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::node::Kind;
     use crate::Tree;
 
     /// A tree whose root is a node256 over the one-byte keys `0..=255`.
-    fn wide() -> Tree<u32> {
+    pub(crate) fn wide() -> Tree<u32> {
         let mut t = Tree::new().txn();
         for b in 0..=255u8 {
             t.insert(&[b], u32::from(b)).unwrap();
@@ -376,6 +376,14 @@ mod tests {
 
     fn borrowed(t: &Tree<u32>) -> u32 {
         root(t).slots.borrowed.iter().map(|w| w.count_ones()).sum()
+    }
+
+    /// Checks `t`'s structure, and that it maps each byte `b` to `want(b)`.
+    pub(crate) fn reads(t: &Tree<u32>, want: impl Fn(u8) -> u32) {
+        crate::check::check(t).unwrap();
+        for b in 0..=255u8 {
+            assert_eq!(t.get(&[b]), Some(&want(b)), "byte {b}");
+        }
     }
 
     fn rewrite(t: &Tree<u32>, keys: std::ops::Range<u16>, add: u32) -> Tree<u32> {
@@ -415,15 +423,14 @@ mod tests {
         ));
         drop(lender);
         drop((t0, t1));
-        crate::check::check(&t2).unwrap();
-        for b in 0..=255u8 {
-            let want = match b {
-                0..20 => 1000,
-                100..130 => 2000,
-                _ => 0,
-            } + u32::from(b);
-            assert_eq!(t2.get(&[b]), Some(&want));
-        }
+        reads(&t2, |b| {
+            u32::from(b)
+                + match b {
+                    0..20 => 1000,
+                    100..130 => 2000,
+                    _ => 0,
+                }
+        });
     }
 
     #[test]
@@ -448,16 +455,15 @@ mod tests {
         drop((t1, t2));
         assert_eq!(t0.root.strong_count(), 1);
         drop((t0, t3));
-        crate::check::check(&t4).unwrap();
-        for b in 0..=255u8 {
-            let want = match b {
-                0..20 => 1000,
-                20..80 => 2000,
-                200..220 => 3000,
-                230..250 => 4000,
-                _ => 0,
-            } + u32::from(b);
-            assert_eq!(t4.get(&[b]), Some(&want));
-        }
+        reads(&t4, |b| {
+            u32::from(b)
+                + match b {
+                    0..20 => 1000,
+                    20..80 => 2000,
+                    200..220 => 3000,
+                    230..250 => 4000,
+                    _ => 0,
+                }
+        });
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
-use part::{check::check, Scan, Tree};
+use part::{check::check, Scan, Tree, Txn, Watch};
 use proptest::prelude::*;
 
 type Model = BTreeMap<Vec<u8>, u32>;
@@ -132,6 +132,50 @@ fn check_reads(t: &Tree<u32>, m: &Model, a: &[u8], b: &[u8]) -> Result<(), TestC
     Ok(())
 }
 
+/// Snapshots a test keeps, each with its model, checked at the end.
+type Snapshots = Vec<(Tree<u32>, Model)>;
+
+/// Commits `txn` and checks the new tree against `model` (reads up to `hi`)
+/// and the probe's watch (`probe.1`: a key it covers was written), then
+/// keeps a snapshot (`action` 2) or drops the one `pick` names (`action` 3).
+fn commit_checked(
+    txn: Txn<u32>,
+    probe: (&Watch, bool),
+    model: &Model,
+    hi: &[u8],
+    action: u8,
+    pick: u8,
+    snapshots: &mut Snapshots,
+) -> Result<Tree<u32>, TestCaseError> {
+    let (watch, written) = probe;
+    txn.check_invariants().map_err(TestCaseError::fail)?;
+    prop_assert!(!watch.is_closed(), "fired before commit");
+    let tree = txn.commit();
+    if written {
+        prop_assert!(watch.is_closed(), "watch on a written key not fired");
+    }
+    check(&tree).map_err(TestCaseError::fail)?;
+    check_reads(&tree, model, &[7], hi)?;
+    match action {
+        2 => snapshots.push((tree.clone(), model.clone())),
+        3 if !snapshots.is_empty() => {
+            let i = pick as usize % snapshots.len();
+            snapshots.swap_remove(i);
+        }
+        _ => {}
+    }
+    Ok(tree)
+}
+
+/// Every kept snapshot still reads exactly as its model.
+fn check_snapshots(snapshots: &Snapshots, hi: &[u8]) -> Result<(), TestCaseError> {
+    for (snap, m) in snapshots {
+        check(snap).map_err(TestCaseError::fail)?;
+        check_reads(snap, m, &[7], hi)?;
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -141,7 +185,7 @@ proptest! {
         let mut committed: Model = Model::new();
         let mut txn = tree.txn();
         let mut model = committed.clone();
-        let mut snapshots: Vec<(Tree<u32>, Model)> = Vec::new();
+        let mut snapshots = Snapshots::new();
         let mut owned = Vec::new();
 
         for op in ops {
@@ -380,7 +424,7 @@ proptest! {
             model.insert(k, a as u32);
         }
         let mut tree = txn.commit();
-        let mut snapshots: Vec<(Tree<u32>, Model)> = Vec::new();
+        let mut snapshots = Snapshots::new();
         for (ops, action, probe) in &batches {
             let probe_key = vec![*probe];
             let watch = tree.get_watch(&probe_key).1;
@@ -406,27 +450,10 @@ proptest! {
                     _ => prop_assert_eq!(txn.delete(&k), model.remove(&k)),
                 }
             }
-            txn.check_invariants().map_err(TestCaseError::fail)?;
-            prop_assert!(!watch.is_closed(), "fired before commit");
-            tree = txn.commit();
-            if probe_written {
-                prop_assert!(watch.is_closed(), "watch on written key {:?} not fired", probe_key);
-            }
-            check(&tree).map_err(TestCaseError::fail)?;
-            check_reads(&tree, &model, &[7], &[200, 1])?;
-            match action {
-                2 => snapshots.push((tree.clone(), model.clone())),
-                3 if !snapshots.is_empty() => {
-                    let i = *probe as usize % snapshots.len();
-                    snapshots.swap_remove(i);
-                }
-                _ => {}
-            }
+            let probe_watch = (&watch, probe_written);
+            tree = commit_checked(txn, probe_watch, &model, &[200, 1], *action, *probe, &mut snapshots)?;
         }
-        for (snap, m) in &snapshots {
-            check(snap).map_err(TestCaseError::fail)?;
-            check_reads(snap, m, &[7], &[200, 1])?;
-        }
+        check_snapshots(&snapshots, &[200, 1])?;
     }
 }
 
@@ -462,7 +489,7 @@ proptest! {
             model.insert(k, a as u32);
         }
         let mut tree = txn.commit();
-        let mut snapshots: Vec<(Tree<u32>, Model)> = Vec::new();
+        let mut snapshots = Snapshots::new();
         for (ops, action, probe) in &txns {
             let probe_key = vec![*probe % 24];
             let watch = tree.get_watch(&probe_key).1;
@@ -484,26 +511,9 @@ proptest! {
                     _ => prop_assert_eq!(txn.delete(&k), model.remove(&k)),
                 }
             }
-            txn.check_invariants().map_err(TestCaseError::fail)?;
-            prop_assert!(!watch.is_closed(), "fired before commit");
-            tree = txn.commit();
-            if probe_written {
-                prop_assert!(watch.is_closed(), "watch on written key {:?} not fired", probe_key);
-            }
-            check(&tree).map_err(TestCaseError::fail)?;
-            check_reads(&tree, &model, &[7], &[20, 1])?;
-            match action {
-                2 => snapshots.push((tree.clone(), model.clone())),
-                3 if !snapshots.is_empty() => {
-                    let i = *probe as usize % snapshots.len();
-                    snapshots.swap_remove(i);
-                }
-                _ => {}
-            }
+            let probe_watch = (&watch, probe_written);
+            tree = commit_checked(txn, probe_watch, &model, &[20, 1], *action, *probe, &mut snapshots)?;
         }
-        for (snap, m) in &snapshots {
-            check(snap).map_err(TestCaseError::fail)?;
-            check_reads(snap, m, &[7], &[20, 1])?;
-        }
+        check_snapshots(&snapshots, &[20, 1])?;
     }
 }
