@@ -132,6 +132,18 @@ fn check_reads(t: &Tree<u32>, m: &Model, a: &[u8], b: &[u8]) -> Result<(), TestC
     Ok(())
 }
 
+/// A tree (and its model) holding the one-byte keys `0..base`: a wide root.
+fn wide(base: u16, opts: part::Options) -> (Tree<u32>, Model) {
+    let mut model = Model::new();
+    let mut txn = Tree::with_options(opts).txn();
+    for a in 0..base {
+        let k = vec![a as u8];
+        txn.insert(&k, u32::from(a)).unwrap();
+        model.insert(k, u32::from(a));
+    }
+    (txn.commit(), model)
+}
+
 /// Snapshots a test keeps, each with its model, checked at the end.
 type Snapshots = Vec<(Tree<u32>, Model)>;
 
@@ -337,14 +349,7 @@ proptest! {
         base in 49u16..120,
         ops in proptest::collection::vec((any::<u8>(), 0u8..2, 0u8..4, any::<u32>(), 1usize..24), 20..160),
     ) {
-        let mut model = Model::new();
-        let mut txn = Tree::new().txn();
-        for a in 0..base {
-            let k = vec![a as u8];
-            txn.insert(&k, a as u32).unwrap();
-            model.insert(k, a as u32);
-        }
-        let mut tree = txn.commit();
+        let (mut tree, mut model) = wide(base, part::Options::default());
         let mut snapshots = Vec::new();
         if keep {
             snapshots.push((tree.clone(), model.clone()));
@@ -416,14 +421,7 @@ proptest! {
         ),
     ) {
         let opts = part::Options { root_only_watch: root_only };
-        let mut model = Model::new();
-        let mut txn = Tree::with_options(opts).txn();
-        for a in 0..base {
-            let k = vec![a as u8];
-            txn.insert(&k, a as u32).unwrap();
-            model.insert(k, a as u32);
-        }
-        let mut tree = txn.commit();
+        let (mut tree, mut model) = wide(base, opts);
         let mut snapshots = Snapshots::new();
         for (ops, action, probe) in &batches {
             let probe_key = vec![*probe];
@@ -481,14 +479,7 @@ proptest! {
             1..60,
         ),
     ) {
-        let mut model = Model::new();
-        let mut txn = Tree::new().txn();
-        for a in 0..base {
-            let k = vec![a as u8];
-            txn.insert(&k, a as u32).unwrap();
-            model.insert(k, a as u32);
-        }
-        let mut tree = txn.commit();
+        let (mut tree, mut model) = wide(base, part::Options::default());
         let mut snapshots = Snapshots::new();
         for (ops, action, probe) in &txns {
             let probe_key = vec![*probe % 24];
