@@ -39,6 +39,15 @@ use crate::simd;
 /// (see the module docs).
 const OWNED_MAX: u32 = 4;
 
+/// Calls `f` with the index of each set bit of a patch mask.
+#[inline(always)]
+fn each_bit(mut bits: u16, mut f: impl FnMut(usize)) {
+    while bits != 0 {
+        f(bits.trailing_zeros() as usize);
+        bits &= bits - 1;
+    }
+}
+
 /// Up to [`D256_MAX`] patched bytes of a delta: a new child, or `None` for a
 /// removed one.
 pub(crate) struct Patches<V> {
@@ -207,15 +216,12 @@ impl<V> Patches<V> {
             Some(l) if owned.count_ones() <= OWNED_MAX => (self.lent, Some(l.clone()), owned),
             Some(_) => (0, None, live),
         };
-        let mut bits = counted;
-        while bits != 0 {
-            let i = bits.trailing_zeros() as usize;
+        each_bit(counted, |i| {
             if let Some(c) = &self.children[i] {
                 // The bitwise copy made below stands for this reference.
                 forget(c.clone());
             }
-            bits &= bits - 1;
-        }
+        });
         Patches {
             patched: self.patched,
             keys: self.keys,
@@ -237,11 +243,8 @@ impl<V> Patches<V> {
     /// Forgets every lent copy (those patches become empty) and returns the
     /// patches, now holding only owned children: for dropping.
     pub(crate) fn for_drop(&mut self) -> &mut [Option<Child<V>>] {
-        let mut bits = self.lent;
-        while bits != 0 {
-            forget(self.children[bits.trailing_zeros() as usize].take());
-            bits &= bits - 1;
-        }
+        let children = &mut self.children;
+        each_bit(self.lent, |i| forget(children[i].take()));
         self.lent = 0;
         let n = self.len();
         &mut self.children[..n]

@@ -108,6 +108,16 @@ pub(crate) fn fill(b: &Bench, n: u64) {
     }
 }
 
+/// The ids `0..n` in the suite's one shuffled order (seeded: the same in
+/// every run).
+pub(crate) fn shuffled(n: u64) -> Vec<u64> {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let mut ids: Vec<u64> = (0..n).collect();
+    ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(1));
+    ids
+}
+
 /// Percentile of sorted samples.
 pub(crate) fn pct(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {

@@ -12,7 +12,7 @@
 #[path = "../benches/common.rs"]
 mod common;
 
-use common::{fill, new_db_named, obj};
+use common::{fill, new_db_named, obj, shuffled};
 use statedb::Db;
 
 // The suite's allocator.
@@ -44,15 +44,10 @@ fn main() {
     let b = new_db_named(&db, "test", false);
     fill(&b, objects);
     let table = &b.table;
-    // A fixed pseudo-random order (xorshift), the same in every run.
+    // The suite's shuffled order (`perm`), and a fixed pseudo-random
+    // sequence of ids (xorshift), the same in every run.
+    let order = if perm { shuffled(objects) } else { Vec::new() };
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut order: Vec<u64> = (0..objects).collect();
-    for i in (1..order.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        order.swap(i, (x % (i as u64 + 1)) as usize);
-    }
     let t0 = std::time::Instant::now();
     for i in 0..txns {
         x ^= x << 13;

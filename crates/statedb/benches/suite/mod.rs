@@ -13,8 +13,6 @@ use std::time::Duration;
 use crate::common::*;
 use criterion::measurement::Measurement;
 use criterion::{BatchSize, Criterion, Throughput};
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
 use statedb::KeyLayout;
 
 const N: u64 = 1000;
@@ -97,12 +95,6 @@ fn go_shape_rewrites<M: Measurement>(c: &mut Criterion<M>, ids: &[u64]) {
         });
     }
     g.finish();
-}
-
-fn shuffled(n: u64) -> Vec<u64> {
-    let mut ids: Vec<u64> = (0..n).collect();
-    ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(1));
-    ids
 }
 
 fn benches<M: Measurement>(c: &mut Criterion<M>) {
