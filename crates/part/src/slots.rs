@@ -197,6 +197,28 @@ impl<V> Slots256<V> {
         self.children[b as usize].take()
     }
 
+    /// Unlinks the leaf under `b`: a clone of its value, and the leaf when
+    /// this array owned it or `keep` asks for it (a borrowed one then gets
+    /// a reference of its own). `None`, changing nothing, when no leaf is
+    /// there.
+    #[inline]
+    pub(crate) fn unlink_leaf(&mut self, b: u8, keep: bool) -> Option<(V, Option<Child<V>>)>
+    where
+        V: Clone,
+    {
+        let value = self.children[b as usize].as_ref()?.leaf_value()?.clone();
+        let (w, m) = bit(b);
+        self.present[w] &= !m;
+        let c = self.children[b as usize].take();
+        if self.borrowed[w] & m == 0 {
+            return Some((value, c));
+        }
+        let kept = if keep { c.clone() } else { None };
+        forget(c);
+        self.clear(b);
+        Some((value, kept))
+    }
+
     /// Stores `c` under `b`. A borrowed child there is forgotten (the lender
     /// keeps its reference); an owned one is dropped.
     #[inline]
@@ -471,6 +493,88 @@ pub(crate) mod tests {
                     _ => 0,
                 }
         });
+    }
+
+    /// The node256 under `[x]` in a tree of the keys `[x, b]`.
+    fn inner(t: &Tree<u32>, x: u8) -> &N256<u32> {
+        match t.root.find_child(x).map(|c| c.kind()) {
+            Some(Kind::N256(n)) => n,
+            _ => panic!("no flat node256 under {x}"),
+        }
+    }
+
+    /// `delete`'s one-step path (`Slots256::unlink_leaf`): below the root,
+    /// from a private flat node256 that borrows some leaves and owns
+    /// others. A borrowed leaf's count is left alone (or taken once, to
+    /// close its watch), an owned one is released; every watch on a
+    /// removed key fires, older snapshots stay as they were.
+    #[test]
+    fn deletes_from_a_borrowing_node256_below_the_root() {
+        for root_only_watch in [false, true] {
+            deletes_below_the_root(crate::Options { root_only_watch });
+        }
+    }
+
+    fn deletes_below_the_root(opts: crate::Options) {
+        let key = |x: u8, b: u8| [x, b];
+        let mut txn = Tree::with_options(opts).txn();
+        for x in 0..2u8 {
+            for b in 0..=255u8 {
+                txn.insert(&key(x, b), u32::from(b)).unwrap();
+            }
+        }
+        let t0 = txn.commit();
+        // `t1`'s node under 0 owns 0..20 and borrows the rest from `t0`'s.
+        let mut txn = t0.txn();
+        for b in 0..20u8 {
+            txn.insert(&key(0, b), u32::from(b) + 1000).unwrap();
+        }
+        let t1 = txn.commit();
+        assert!(std::ptr::eq(
+            &**inner(&t1, 0).slots.lender.as_ref().unwrap(),
+            inner(&t0, 0)
+        ));
+        let count = |t: &Tree<u32>, b: u8| inner(t, 0).slots.get(b).unwrap().strong_count();
+        assert_eq!((count(&t0, 100), count(&t1, 5)), (1, 1));
+        let watches: Vec<_> = [5u8, 100, 200]
+            .iter()
+            .map(|&b| t1.get_watch(&key(0, b)).1)
+            .collect();
+        let mut txn = t1.txn();
+        // Enough deletes to flatten the transaction's delta into a flat
+        // node256 (owning `t1`'s 0..20 with a reference each, borrowing the
+        // rest from `t0`), then an owned and a borrowed leaf through the
+        // one-step path.
+        for b in 30..50u8 {
+            assert_eq!(txn.delete(&key(0, b)), Some(u32::from(b)));
+        }
+        assert_eq!(count(&t1, 5), 2);
+        assert_eq!(txn.delete(&key(0, 5)), Some(1005));
+        assert_eq!(txn.delete(&key(0, 100)), Some(100));
+        assert_eq!(txn.delete(&key(0, 100)), None);
+        if opts.root_only_watch {
+            // Nothing kept for a watch: the owned leaf's reference is gone
+            // at once, the borrowed one's count never moved.
+            assert_eq!((count(&t0, 100), count(&t1, 5)), (1, 1));
+        }
+        assert!(watches.iter().all(|w| !w.is_closed()));
+        let t2 = txn.commit();
+        assert!(watches[0].is_closed() && watches[1].is_closed());
+        assert_eq!(watches[2].is_closed(), opts.root_only_watch);
+        crate::check::check(&t2).unwrap();
+        for b in 0..=255u8 {
+            let gone = b == 5 || b == 100 || (30..50).contains(&b);
+            let want = u32::from(b) + if b < 20 { 1000 } else { 0 };
+            assert_eq!(t2.get(&key(0, b)), (!gone).then_some(&want), "byte {b}");
+            assert_eq!(t1.get(&key(0, b)), Some(&want), "byte {b}");
+            assert_eq!(t0.get(&key(0, b)), Some(&u32::from(b)), "byte {b}");
+        }
+        // A count taken to close a watch went with the notifier.
+        assert_eq!((count(&t0, 100), count(&t1, 5)), (1, 1));
+        // Nothing lends from `t0`'s node once the later trees are gone.
+        drop((t1, t2));
+        assert_eq!(t0.root.find_child(0).unwrap().strong_count(), 1);
+        crate::check::check(&t0).unwrap();
     }
 
     /// A write reads the header and `borrowed`: both in the node's first

@@ -557,6 +557,13 @@ fn delete_in_place<V: Clone>(
             if is_root {
                 return None;
             }
+            if let Some((value, leaf)) = slot.remove_leaf_flat(b, rec.all) {
+                if let Some(leaf) = leaf {
+                    rec.removed(leaf);
+                }
+                finger.set(NonNull::from(slot), key, top);
+                return Some(Some(value));
+            }
             let (value, leaf) = slot.remove_leaf(b, rec.all)?;
             if let Some(leaf) = leaf {
                 rec.removed(leaf);
