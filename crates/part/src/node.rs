@@ -324,6 +324,7 @@ macro_rules! each_inner {
 }
 
 impl<V> Child<V> {
+    #[inline]
     pub(crate) fn leaf(key: &[u8], value: V) -> Self {
         Child::new(NodeRc::new(Leaf {
             h: Header::new(key),
@@ -728,6 +729,15 @@ impl<V> Child<V> {
         let out = n.slots.unlink_leaf(b, keep)?;
         n.len -= 1;
         Some(out)
+    }
+
+    /// The node as a flat node256, if it is one and private.
+    #[inline(always)]
+    pub(crate) fn flat256_mut(&mut self) -> Option<&mut N256<V>> {
+        match self.get_mut() {
+            Some(NodeMut::N256(n)) => Some(n),
+            _ => None,
+        }
     }
 
     /// Exclusive access to the child under `b` of this private node (a

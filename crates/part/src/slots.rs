@@ -145,6 +145,7 @@ impl<V> Slots256<V> {
         self.borrowed[w] & m != 0
     }
 
+    #[inline]
     fn clear(&mut self, b: u8) {
         let (w, m) = bit(b);
         self.borrowed[w] &= !m;
@@ -572,6 +573,86 @@ pub(crate) mod tests {
         // A count taken to close a watch went with the notifier.
         assert_eq!((count(&t0, 100), count(&t1, 5)), (1, 1));
         // Nothing lends from `t0`'s node once the later trees are gone.
+        drop((t1, t2));
+        assert_eq!(t0.root.find_child(0).unwrap().strong_count(), 1);
+        crate::check::check(&t0).unwrap();
+    }
+
+    /// `modify`'s one-step path (`flat_step` in `txn.rs`) at a private flat
+    /// node256 below the root: a new key, an owned leaf (shared with the
+    /// older tree, then private), a borrowed one, and a descent into an
+    /// inner child; watches fire for exactly the keys written.
+    #[test]
+    fn writes_into_a_borrowing_node256_below_the_root() {
+        for root_only_watch in [false, true] {
+            writes_below_the_root(crate::Options { root_only_watch });
+        }
+    }
+
+    fn writes_below_the_root(opts: crate::Options) {
+        let key = |x: u8, b: u8| [x, b];
+        let mut txn = Tree::with_options(opts).txn();
+        for x in 0..2u8 {
+            for b in 0..=255u8 {
+                if b != 60 {
+                    txn.insert(&key(x, b), u32::from(b)).unwrap();
+                }
+            }
+        }
+        // An inner node under [0, 70]: its keys are longer.
+        txn.insert(&[0, 70, 1], 7001).unwrap();
+        let t0 = txn.commit();
+        let mut txn = t0.txn();
+        for b in 0..20u8 {
+            txn.insert(&key(0, b), u32::from(b) + 1000).unwrap();
+        }
+        let t1 = txn.commit();
+        let count = |t: &Tree<u32>, b: u8| inner(t, 0).slots.get(b).unwrap().strong_count();
+        let watched = [5u8, 100, 60, 200];
+        let watches: Vec<_> = watched
+            .iter()
+            .map(|&b| t1.get_watch(&key(0, b)).1)
+            .collect();
+        let deep = t1.get_watch(&[0, 70, 1]).1;
+        let mut txn = t1.txn();
+        // Flatten the transaction's delta first (borrowing from `t0`).
+        for b in 20..40u8 {
+            txn.insert(&key(0, b), u32::from(b) + 2000).unwrap();
+        }
+        assert_eq!(txn.insert(&key(0, 5), 3005).unwrap(), Some(1005));
+        assert_eq!(txn.insert(&key(0, 5), 4005).unwrap(), Some(3005));
+        assert_eq!(txn.insert(&key(0, 100), 3100).unwrap(), Some(100));
+        assert_eq!(
+            txn.modify(&key(0, 100), |v| v.unwrap() + 1).unwrap(),
+            Some(3100)
+        );
+        assert_eq!(txn.insert(&key(0, 60), 3060).unwrap(), None);
+        assert_eq!(txn.insert(&[0, 70, 1], 7002).unwrap(), Some(7001));
+        assert_eq!(txn.get(&key(0, 100)), Some(&3101));
+        assert!(watches.iter().all(|w| !w.is_closed()) && !deep.is_closed());
+        let t2 = txn.commit();
+        assert!(watches[..3].iter().all(|w| w.is_closed()) && deep.is_closed());
+        assert_eq!(watches[3].is_closed(), opts.root_only_watch);
+        crate::check::check(&t2).unwrap();
+        for b in 0..=255u8 {
+            let was = if b == 60 { None } else { Some(u32::from(b)) };
+            assert_eq!(t0.get(&key(0, b)).copied(), was, "byte {b}");
+            let one = was.map(|v| v + if b < 20 { 1000 } else { 0 });
+            assert_eq!(t1.get(&key(0, b)).copied(), one, "byte {b}");
+            let two = match b {
+                5 => Some(4005),
+                100 => Some(3101),
+                60 => Some(3060),
+                20..40 => Some(u32::from(b) + 2000),
+                _ => one,
+            };
+            assert_eq!(t2.get(&key(0, b)).copied(), two, "byte {b}");
+        }
+        assert_eq!(
+            (t1.get(&[0, 70, 1]), t2.get(&[0, 70, 1])),
+            (Some(&7001), Some(&7002))
+        );
+        assert_eq!((count(&t0, 100), count(&t1, 5)), (1, 1));
         drop((t1, t2));
         assert_eq!(t0.root.find_child(0).unwrap().strong_count(), 1);
         crate::check::check(&t0).unwrap();

@@ -198,6 +198,62 @@ impl<V: Clone> Txn<V> {
         // leaf below it).
         let mut parent: Option<(NonNull<Child<V>>, usize)> = None;
         loop {
+            // The usual node of a large transaction first, in one step.
+            if let Some((step, d)) = flat_step(slot, key, depth) {
+                let b = key[d];
+                match step {
+                    Flat::Descend => {
+                        let (here, node) = crate::finger::pin(slot);
+                        parent = (!is_root).then_some((here, depth));
+                        is_root = false;
+                        depth = d;
+                        slot = child_slot(node, b);
+                        continue;
+                    }
+                    Flat::Add => {
+                        if let Some(n) = slot.flat256_mut() {
+                            n.slots.put_empty(b, Child::leaf(key, f(None)));
+                            n.len += 1;
+                        }
+                        self.len += 1;
+                        if !is_root {
+                            finger.set(NonNull::from(slot), key, depth);
+                        }
+                        return Ok(None);
+                    }
+                    Flat::Replace => {
+                        let (here, node) = crate::finger::pin(slot);
+                        let old = match node.flat256_mut().and_then(|n| n.slots.get_mut_owned(b)) {
+                            Some(leaf) => replace_leaf(rec, leaf, key, f),
+                            None => unreachable!("an owned leaf"),
+                        };
+                        if !is_root {
+                            finger.set(here, key, depth);
+                        }
+                        return Ok(Some(old));
+                    }
+                    Flat::ReplaceBorrowed => {
+                        let Some(Kind::Leaf(l)) = slot.find_child(b).map(|c| c.kind()) else {
+                            unreachable!("a leaf")
+                        };
+                        // The node does not own this leaf: replacing it
+                        // leaves its count alone (see `slots.rs`).
+                        let old = l.value.clone();
+                        let gone = rec.all.then(|| slot.find_child(b).cloned()).flatten();
+                        let new = Child::leaf(key, f(Some(&l.value)));
+                        if let Some(g) = gone {
+                            rec.nodes.push(g);
+                        }
+                        if let Some(n) = slot.flat256_mut() {
+                            n.slots.put(b, Some(new));
+                        }
+                        if !is_root {
+                            finger.set(NonNull::from(slot), key, depth);
+                        }
+                        return Ok(Some(old));
+                    }
+                }
+            }
             // Where does the key leave the path through this node?
             let split = match slot.kind() {
                 Kind::Leaf(l) => {
@@ -485,6 +541,49 @@ fn absorb_child<V: Clone>(rec: &mut Recorder<V>, root: &mut Child<V>, b: u8) {
 }
 
 /// The slot of the child under `b` of the (private) node in `slot`.
+/// What [`Txn::modify`] does at a private flat node256 (see [`flat_step`]).
+enum Flat {
+    /// The child under the key's byte is an inner node.
+    Descend,
+    /// No child there: a new leaf.
+    Add,
+    /// The key's leaf, owned by the node.
+    Replace,
+    /// The key's leaf, borrowed from the node's lender.
+    ReplaceBorrowed,
+}
+
+/// The step at `slot` in one test of its kind, when it holds a private flat
+/// node256 without a watch whose segment `key` continues past `depth`, and
+/// the step needs neither a split nor the node's terminal: the step and the
+/// depth below the segment. `None` sends the caller down its general path,
+/// which dispatches on the kind at each of the same tests (design.md).
+#[inline(always)]
+fn flat_step<V>(slot: &mut Child<V>, key: &[u8], depth: usize) -> Option<(Flat, usize)> {
+    let n = slot.flat256_mut()?;
+    let d = depth + n.h.bytes.len();
+    if d >= key.len()
+        || !n.h.watch.is_unset()
+        || !crate::bytes::starts_with(&key[depth..], &n.h.bytes)
+    {
+        return None;
+    }
+    let b = key[d];
+    let step = match n.slots.get(b).map(|c| c.kind()) {
+        None => Flat::Add,
+        Some(Kind::Leaf(l)) if crate::bytes::eq(&l.h.bytes, key) => {
+            if n.slots.is_borrowed(b) {
+                Flat::ReplaceBorrowed
+            } else {
+                Flat::Replace
+            }
+        }
+        Some(Kind::Leaf(_)) => return None,
+        Some(_) => Flat::Descend,
+    };
+    Some((step, d))
+}
+
 fn child_slot<V>(slot: &mut Child<V>, b: u8) -> &mut Child<V> {
     match slot.child_mut(b) {
         Some(c) => c,
