@@ -149,7 +149,8 @@ impl<V> Slots256<V> {
     fn clear(&mut self, b: u8) {
         let (w, m) = bit(b);
         self.borrowed[w] &= !m;
-        if self.borrowed == [0; 4] {
+        // The word just changed decides most calls without the other three.
+        if self.borrowed[w] == 0 && self.borrowed == [0; 4] {
             self.lender = None;
         }
     }
