@@ -1001,7 +1001,6 @@ impl<'a, V> NodeMut<'a, V> {
         }
     }
 
-    #[inline]
     pub(crate) fn child_mut(self, b: u8) -> Option<&'a mut Child<V>> {
         match self {
             NodeMut::Leaf(_) => None,
