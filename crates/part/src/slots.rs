@@ -505,6 +505,61 @@ pub(crate) mod tests {
         }
     }
 
+    /// The key `[x, b]`.
+    fn key(x: u8, b: u8) -> [u8; 2] {
+        [x, b]
+    }
+
+    /// `t0`: the keys `[x, b]` for `x` in 0..2 and every byte `b` but 60,
+    /// valued `b`, and `[0, 70, 1]` (an inner node under `[0, 70]`);
+    /// `t1`: `t0` with `[0, 0..20]` rewritten (+1000), so its node under 0
+    /// owns those and borrows the rest from `t0`'s.
+    fn two_generations(opts: crate::Options) -> (Tree<u32>, Tree<u32>) {
+        let mut txn = Tree::with_options(opts).txn();
+        for x in 0..2u8 {
+            for b in (0..=255u8).filter(|&b| b != 60) {
+                txn.insert(&key(x, b), u32::from(b)).unwrap();
+            }
+        }
+        txn.insert(&[0, 70, 1], 7001).unwrap();
+        let t0 = txn.commit();
+        let mut txn = t0.txn();
+        for b in 0..20u8 {
+            txn.insert(&key(0, b), u32::from(b) + 1000).unwrap();
+        }
+        let t1 = txn.commit();
+        assert!(std::ptr::eq(
+            &**inner(&t1, 0).slots.lender.as_ref().unwrap(),
+            inner(&t0, 0)
+        ));
+        assert_eq!((count(&t0, 100), count(&t1, 5)), (1, 1));
+        (t0, t1)
+    }
+
+    /// The count of the leaf `[0, b]` of `t`.
+    fn count(t: &Tree<u32>, b: u8) -> usize {
+        inner(t, 0).slots.get(b).unwrap().strong_count()
+    }
+
+    /// What `t0` and `t1` read (`t1`'s rewrite included).
+    fn reads_two_generations(t0: &Tree<u32>, t1: &Tree<u32>) {
+        for b in 0..=255u8 {
+            let was = (b != 60).then_some(u32::from(b));
+            assert_eq!(t0.get(&key(0, b)).copied(), was, "byte {b}");
+            let one = was.map(|v| v + if b < 20 { 1000 } else { 0 });
+            assert_eq!(t1.get(&key(0, b)).copied(), one, "byte {b}");
+        }
+    }
+
+    /// Every count `t1` and `t2`'s transaction took is back once the
+    /// notifier is gone, and nothing lends from `t0`'s node after them.
+    fn released(t0: &Tree<u32>, t1: Tree<u32>, t2: Tree<u32>) {
+        assert_eq!((count(t0, 100), count(&t1, 5)), (1, 1));
+        drop((t1, t2));
+        assert_eq!(t0.root.find_child(0).unwrap().strong_count(), 1);
+        crate::check::check(t0).unwrap();
+    }
+
     /// `delete`'s one-step path (`Slots256::unlink_leaf`): below the root,
     /// from a private flat node256 that borrows some leaves and owns
     /// others. A borrowed leaf's count is left alone (or taken once, to
@@ -518,26 +573,7 @@ pub(crate) mod tests {
     }
 
     fn deletes_below_the_root(opts: crate::Options) {
-        let key = |x: u8, b: u8| [x, b];
-        let mut txn = Tree::with_options(opts).txn();
-        for x in 0..2u8 {
-            for b in 0..=255u8 {
-                txn.insert(&key(x, b), u32::from(b)).unwrap();
-            }
-        }
-        let t0 = txn.commit();
-        // `t1`'s node under 0 owns 0..20 and borrows the rest from `t0`'s.
-        let mut txn = t0.txn();
-        for b in 0..20u8 {
-            txn.insert(&key(0, b), u32::from(b) + 1000).unwrap();
-        }
-        let t1 = txn.commit();
-        assert!(std::ptr::eq(
-            &**inner(&t1, 0).slots.lender.as_ref().unwrap(),
-            inner(&t0, 0)
-        ));
-        let count = |t: &Tree<u32>, b: u8| inner(t, 0).slots.get(b).unwrap().strong_count();
-        assert_eq!((count(&t0, 100), count(&t1, 5)), (1, 1));
+        let (t0, t1) = two_generations(opts);
         let watches: Vec<_> = [5u8, 100, 200]
             .iter()
             .map(|&b| t1.get_watch(&key(0, b)).1)
@@ -564,19 +600,13 @@ pub(crate) mod tests {
         assert!(watches[0].is_closed() && watches[1].is_closed());
         assert_eq!(watches[2].is_closed(), opts.root_only_watch);
         crate::check::check(&t2).unwrap();
+        reads_two_generations(&t0, &t1);
         for b in 0..=255u8 {
-            let gone = b == 5 || b == 100 || (30..50).contains(&b);
+            let gone = b == 5 || b == 100 || b == 60 || (30..50).contains(&b);
             let want = u32::from(b) + if b < 20 { 1000 } else { 0 };
             assert_eq!(t2.get(&key(0, b)), (!gone).then_some(&want), "byte {b}");
-            assert_eq!(t1.get(&key(0, b)), Some(&want), "byte {b}");
-            assert_eq!(t0.get(&key(0, b)), Some(&u32::from(b)), "byte {b}");
         }
-        // A count taken to close a watch went with the notifier.
-        assert_eq!((count(&t0, 100), count(&t1, 5)), (1, 1));
-        // Nothing lends from `t0`'s node once the later trees are gone.
-        drop((t1, t2));
-        assert_eq!(t0.root.find_child(0).unwrap().strong_count(), 1);
-        crate::check::check(&t0).unwrap();
+        released(&t0, t1, t2);
     }
 
     /// `modify`'s one-step path (`flat_step` in `txn.rs`) at a private flat
@@ -591,26 +621,8 @@ pub(crate) mod tests {
     }
 
     fn writes_below_the_root(opts: crate::Options) {
-        let key = |x: u8, b: u8| [x, b];
-        let mut txn = Tree::with_options(opts).txn();
-        for x in 0..2u8 {
-            for b in 0..=255u8 {
-                if b != 60 {
-                    txn.insert(&key(x, b), u32::from(b)).unwrap();
-                }
-            }
-        }
-        // An inner node under [0, 70]: its keys are longer.
-        txn.insert(&[0, 70, 1], 7001).unwrap();
-        let t0 = txn.commit();
-        let mut txn = t0.txn();
-        for b in 0..20u8 {
-            txn.insert(&key(0, b), u32::from(b) + 1000).unwrap();
-        }
-        let t1 = txn.commit();
-        let count = |t: &Tree<u32>, b: u8| inner(t, 0).slots.get(b).unwrap().strong_count();
-        let watched = [5u8, 100, 60, 200];
-        let watches: Vec<_> = watched
+        let (t0, t1) = two_generations(opts);
+        let watches: Vec<_> = [5u8, 100, 60, 200]
             .iter()
             .map(|&b| t1.get_watch(&key(0, b)).1)
             .collect();
@@ -635,28 +647,23 @@ pub(crate) mod tests {
         assert!(watches[..3].iter().all(|w| w.is_closed()) && deep.is_closed());
         assert_eq!(watches[3].is_closed(), opts.root_only_watch);
         crate::check::check(&t2).unwrap();
+        reads_two_generations(&t0, &t1);
         for b in 0..=255u8 {
-            let was = if b == 60 { None } else { Some(u32::from(b)) };
-            assert_eq!(t0.get(&key(0, b)).copied(), was, "byte {b}");
-            let one = was.map(|v| v + if b < 20 { 1000 } else { 0 });
-            assert_eq!(t1.get(&key(0, b)).copied(), one, "byte {b}");
-            let two = match b {
-                5 => Some(4005),
-                100 => Some(3101),
-                60 => Some(3060),
-                20..40 => Some(u32::from(b) + 2000),
-                _ => one,
+            let want = match b {
+                5 => 4005,
+                100 => 3101,
+                60 => 3060,
+                0..20 => u32::from(b) + 1000,
+                20..40 => u32::from(b) + 2000,
+                _ => u32::from(b),
             };
-            assert_eq!(t2.get(&key(0, b)).copied(), two, "byte {b}");
+            assert_eq!(t2.get(&key(0, b)), Some(&want), "byte {b}");
         }
         assert_eq!(
             (t1.get(&[0, 70, 1]), t2.get(&[0, 70, 1])),
             (Some(&7001), Some(&7002))
         );
-        assert_eq!((count(&t0, 100), count(&t1, 5)), (1, 1));
-        drop((t1, t2));
-        assert_eq!(t0.root.find_child(0).unwrap().strong_count(), 1);
-        crate::check::check(&t0).unwrap();
+        released(&t0, t1, t2);
     }
 
     /// A write reads the header and `borrowed`: both in the node's first
