@@ -720,9 +720,7 @@ impl<V> Child<V> {
     where
         V: Clone,
     {
-        let Some(NodeMut::N256(n)) = self.get_mut() else {
-            return None;
-        };
+        let n = self.flat256_mut()?;
         if usize::from(n.len) <= N256_MIN {
             return None;
         }

@@ -211,10 +211,11 @@ impl<V: Clone> Txn<V> {
                         continue;
                     }
                     Flat::Add => {
-                        if let Some(n) = slot.flat256_mut() {
-                            n.slots.put_empty(b, Child::leaf(key, f(None)));
-                            n.len += 1;
-                        }
+                        let Some(n) = slot.flat256_mut() else {
+                            unreachable!("a private flat node256")
+                        };
+                        n.slots.put_empty(b, Child::leaf(key, f(None)));
+                        n.len += 1;
                         self.len += 1;
                         if !is_root {
                             finger.set(NonNull::from(slot), key, depth);
@@ -233,17 +234,7 @@ impl<V: Clone> Txn<V> {
                         return Ok(Some(old));
                     }
                     Flat::ReplaceBorrowed => {
-                        let Some(Kind::Leaf(l)) = slot.find_child(b).map(|c| c.kind()) else {
-                            unreachable!("a leaf")
-                        };
-                        // The node does not own this leaf: replacing it
-                        // leaves its count alone (see `slots.rs`).
-                        let old = l.value.clone();
-                        let gone = rec.all.then(|| slot.find_child(b).cloned()).flatten();
-                        let new = Child::leaf(key, f(Some(&l.value)));
-                        if let Some(g) = gone {
-                            rec.nodes.push(g);
-                        }
+                        let (old, new) = borrowed_leaf_replacement(rec, slot, b, key, f);
                         if let Some(n) = slot.flat256_mut() {
                             n.slots.put(b, Some(new));
                         }
@@ -318,17 +309,10 @@ impl<V: Clone> Txn<V> {
             }
             slot.room_for_patch(b);
             if slot.borrows_child(b) {
-                let found = slot.find_child(b).map(|c| (c, c.kind()));
-                if let Some((c, Kind::Leaf(l))) = found {
+                let found = slot.find_child(b).map(|c| c.kind());
+                if let Some(Kind::Leaf(l)) = found {
                     if crate::bytes::eq(&l.h.bytes, key) {
-                        // The node does not own this leaf: replacing it
-                        // leaves its count alone (see `slots.rs`).
-                        let old = l.value.clone();
-                        let gone = rec.all.then(|| c.clone());
-                        let new = Child::leaf(key, f(Some(&l.value)));
-                        if let Some(g) = gone {
-                            rec.nodes.push(g);
-                        }
+                        let (old, new) = borrowed_leaf_replacement(rec, slot, b, key, f);
                         slot.replace_borrowed(b, Some(new));
                         if !is_root {
                             finger.set(NonNull::from(slot), key, top);
@@ -589,6 +573,34 @@ fn child_slot<V>(slot: &mut Child<V>, b: u8) -> &mut Child<V> {
         Some(c) => c,
         None => unreachable!("descending into a private node's existing child"),
     }
+}
+
+/// The old value and the new leaf for the leaf under `b`, whose key is
+/// `key` and which the private node in `slot` borrows
+/// ([`Child::borrows_child`]); the caller stores the new leaf in its place.
+/// The old leaf's count is left alone (see `slots.rs`); a watched one is
+/// kept to be closed at commit.
+#[inline(always)]
+fn borrowed_leaf_replacement<V: Clone, F: FnOnce(Option<&V>) -> V>(
+    rec: &mut Recorder<V>,
+    slot: &Child<V>,
+    b: u8,
+    key: &[u8],
+    f: F,
+) -> (V, Child<V>) {
+    let Some(c) = slot.find_child(b) else {
+        unreachable!("a borrowed leaf")
+    };
+    let Kind::Leaf(l) = c.kind() else {
+        unreachable!("a borrowed leaf")
+    };
+    let old = l.value.clone();
+    let gone = rec.all.then(|| c.clone());
+    let new = Child::leaf(key, f(Some(&l.value)));
+    if let Some(g) = gone {
+        rec.nodes.push(g);
+    }
+    (old, new)
 }
 
 /// Replaces the value of the leaf in `slot`; returns the old value.
