@@ -235,9 +235,10 @@ impl<V: Clone> Txn<V> {
                     }
                     Flat::ReplaceBorrowed => {
                         let (old, new) = borrowed_leaf_replacement(rec, slot, b, key, f);
-                        if let Some(n) = slot.flat256_mut() {
-                            n.slots.put(b, Some(new));
-                        }
+                        let Some(n) = slot.flat256_mut() else {
+                            unreachable!("a private flat node256")
+                        };
+                        n.slots.put(b, Some(new));
                         if !is_root {
                             finger.set(NonNull::from(slot), key, depth);
                         }
@@ -524,7 +525,6 @@ fn absorb_child<V: Clone>(rec: &mut Recorder<V>, root: &mut Child<V>, b: u8) {
     pass_to_child(rec, root, b);
 }
 
-/// The slot of the child under `b` of the (private) node in `slot`.
 /// What [`Txn::modify`] does at a private flat node256 (see [`flat_step`]).
 enum Flat {
     /// The child under the key's byte is an inner node.
@@ -568,6 +568,7 @@ fn flat_step<V>(slot: &mut Child<V>, key: &[u8], depth: usize) -> Option<(Flat, 
     Some((step, d))
 }
 
+/// The slot of the child under `b` of the (private) node in `slot`.
 fn child_slot<V>(slot: &mut Child<V>, b: u8) -> &mut Child<V> {
     match slot.child_mut(b) {
         Some(c) => c,
