@@ -323,6 +323,57 @@ macro_rules! each_inner {
     };
 }
 
+/// Reads through a view whose node word was loaded once: a lookup loop
+/// that carries a `Kind` keeps the node in registers, where one that
+/// carries a `&Child` may load the slot again at each level (fat LTO
+/// compiled `Tree::get` that way: a second dependent load per level).
+impl<'a, V> Kind<'a, V> {
+    #[inline(always)]
+    fn kind(self) -> Self {
+        self
+    }
+
+    #[inline(always)]
+    pub(crate) fn header(self) -> &'a Header {
+        each!(self, n => &n.h)
+    }
+
+    #[inline(always)]
+    pub(crate) fn bytes(self) -> &'a [u8] {
+        &self.header().bytes
+    }
+
+    #[inline]
+    pub(crate) fn terminal(self) -> Option<&'a Child<V>> {
+        each_inner!(self, None, n => n.terminal.as_ref())
+    }
+
+    #[inline(always)]
+    pub(crate) fn find_child(self, b: u8) -> Option<&'a Child<V>> {
+        match self {
+            Kind::Leaf(_) => None,
+            Kind::N4(n) => {
+                let len = n.len as usize;
+                let mut i = 0;
+                while i < len {
+                    if n.keys[i] == b {
+                        return n.children[i].as_ref();
+                    }
+                    i += 1;
+                }
+                None
+            }
+            Kind::N16(n) => n.children[simd::find16(&n.keys, n.len as usize, b)?].as_ref(),
+            Kind::N48(n) => match n.index[b as usize] {
+                0 => None,
+                s => n.children[s as usize - 1].as_ref(),
+            },
+            Kind::N256(n) => n.slots.get(b),
+            Kind::D256(n) => n.get(b),
+        }
+    }
+}
+
 impl<V> Child<V> {
     #[inline]
     pub(crate) fn leaf(key: &[u8], value: V) -> Self {
@@ -344,7 +395,7 @@ impl<V> Child<V> {
 
     #[inline(always)]
     pub(crate) fn header(&self) -> &Header {
-        each!(self, n => &n.h)
+        self.kind().header()
     }
 
     #[inline(always)]
@@ -362,7 +413,7 @@ impl<V> Child<V> {
 
     #[inline]
     pub(crate) fn terminal(&self) -> Option<&Child<V>> {
-        each_inner!(self, None, n => n.terminal.as_ref())
+        self.kind().terminal()
     }
 
     /// Number of children, the terminal not counted.
@@ -373,27 +424,7 @@ impl<V> Child<V> {
 
     #[inline(always)]
     pub(crate) fn find_child(&self, b: u8) -> Option<&Child<V>> {
-        match self.kind() {
-            Kind::Leaf(_) => None,
-            Kind::N4(n) => {
-                let len = n.len as usize;
-                let mut i = 0;
-                while i < len {
-                    if n.keys[i] == b {
-                        return n.children[i].as_ref();
-                    }
-                    i += 1;
-                }
-                None
-            }
-            Kind::N16(n) => n.children[simd::find16(&n.keys, n.len as usize, b)?].as_ref(),
-            Kind::N48(n) => match n.index[b as usize] {
-                0 => None,
-                s => n.children[s as usize - 1].as_ref(),
-            },
-            Kind::N256(n) => n.slots.get(b),
-            Kind::D256(n) => n.get(b),
-        }
+        self.kind().find_child(b)
     }
 
     /// The child at the first position `>= pos` (positions are array slots

@@ -233,7 +233,8 @@ pub(crate) fn get<'a, V>(root: &'a Child<V>, key: &[u8]) -> Option<&'a V> {
 /// [`get`] from an inner node whose segment ends at `depth` of `key`.
 #[inline(always)]
 pub(crate) fn get_below<'a, V>(node: &'a Child<V>, key: &[u8], depth: usize) -> Option<&'a V> {
-    let mut node = node;
+    // The loop carries the view, not the `&Child` (see `Kind`'s methods).
+    let mut node = node.kind();
     let mut depth = depth;
     loop {
         let Some(&b) = key.get(depth) else {
@@ -242,8 +243,8 @@ pub(crate) fn get_below<'a, V>(node: &'a Child<V>, key: &[u8], depth: usize) -> 
                 _ => None,
             };
         };
-        let child = node.find_child(b)?;
-        if let Kind::Leaf(l) = child.kind() {
+        let child = node.find_child(b)?.kind();
+        if let Kind::Leaf(l) = child {
             return bytes::eq(&l.h.bytes, key).then_some(&l.value);
         }
         depth += child.bytes().len();
