@@ -328,6 +328,7 @@ macro_rules! each_inner {
 /// carries a `&Child` may load the slot again at each level (fat LTO
 /// compiled `Tree::get` that way: a second dependent load per level).
 impl<'a, V> Kind<'a, V> {
+    /// Lets `each!` and `each_inner!` take a view as they take a `Child`.
     #[inline(always)]
     fn kind(self) -> Self {
         self
