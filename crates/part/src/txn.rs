@@ -790,6 +790,40 @@ mod tests {
         assert_eq!(keys(&t4), vec![vec![9]]);
     }
 
+    /// Deleting every leaf right under the root, one by one in one
+    /// transaction (the first copies the shared root, the rest find it
+    /// private): the root keeps its kind's invariants as it shrinks, drops
+    /// its path once empty, and every deleted key's watch fires at commit.
+    #[test]
+    fn deletes_under_the_root_until_it_is_empty() {
+        for root_only_watch in [false, true] {
+            let opts = crate::Options { root_only_watch };
+            let mut txn = Tree::<u32>::with_options(opts).txn();
+            for i in 0..20u8 {
+                txn.insert(&[b'a', b'b', i], u32::from(i)).unwrap();
+            }
+            let t = txn.commit();
+            assert_eq!(t.root.bytes(), b"ab");
+            let watches: Vec<_> = (0..20u8).map(|i| t.get_watch(&[b'a', b'b', i]).1).collect();
+            let mut txn = t.txn();
+            for i in 0..20u8 {
+                assert_eq!(txn.delete(&[b'a', b'b', i]), Some(u32::from(i)));
+                assert_eq!(txn.delete(&[b'a', b'b', i]), None);
+                txn.check_invariants().unwrap();
+                assert_eq!(txn.len(), usize::from(19 - i));
+            }
+            assert!(txn.root.bytes().is_empty());
+            assert!(watches.iter().all(|w| !w.is_closed()));
+            txn.insert(b"x", 1).unwrap();
+            let t2 = txn.commit();
+            check(&t2).unwrap();
+            assert_eq!(keys(&t2), vec![b"x".to_vec()]);
+            assert!(watches.iter().all(|w| w.is_closed()));
+            assert_eq!(t.len(), 20);
+            assert_eq!(t.get(&[b'a', b'b', 7]), Some(&7));
+        }
+    }
+
     #[test]
     fn a_key_shorter_than_the_root_prefix() {
         let mut txn = Tree::<u32>::new().txn();
