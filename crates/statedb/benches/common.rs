@@ -32,6 +32,10 @@ pub(crate) fn new_db_layout(secondary: bool, key_layout: KeyLayout) -> Bench {
     )
 }
 
+/// `STATEDB_BENCH_REVISIONS=1`: every bench table keeps a revision index
+/// from its first write (by default only tables read in revision order do,
+/// see statedb's design, "Data layout").
+///
 /// `STATEDB_BENCH_INLINE_FREE=1`: no background collector (snapshots a
 /// reader drops last are freed by that reader; commits free what they
 /// supersede either way).
@@ -58,6 +62,12 @@ pub(crate) fn new_db_with(db: &Db, name: &str, secondary: bool, key_layout: KeyL
     let table = db
         .create_table_with(name, &by_id, &sec, TableOptions { key_layout })
         .unwrap();
+    if std::env::var_os("STATEDB_BENCH_REVISIONS").is_some_and(|v| v == "1") {
+        // One revision-order read: the first write builds the table's
+        // revision index and every later one keeps it, as in Go statedb
+        // (whose tables always have one).
+        drop(table.list_revision(&db.read_txn(), 0).unwrap());
+    }
     Bench {
         db: db.clone(),
         table,

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use part::Watch;
 
 use crate::object::Object;
-use crate::table::{Storable, Table};
+use crate::table::{ByRevision, Storable, Table, View};
 use crate::txn::{ReadTxn, WriteTxn};
 use crate::{Result, Revision};
 
@@ -121,7 +121,7 @@ impl<T> ChangeRef<'_, T> {
 pub struct ChangesIter<'a, T> {
     /// The revision index and the graveyard from the position on; `None`
     /// when the snapshot holds nothing new.
-    scans: Option<(Scan<'a, T>, Scan<'a, T>)>,
+    scans: Option<(Peekable<ByRevision<'a, T>>, Scan<'a, T>)>,
     pos: &'a mut Revision,
     tracker: &'a Tracker,
     /// The snapshot's table revision: the position once every change is out.
@@ -154,10 +154,10 @@ impl<'a, T> Iterator for ChangesIter<'a, T> {
             }
             (Some(_), None) => true,
             (None, Some(_)) => false,
-            (Some((a, _)), Some((b, _))) => a < b,
+            (Some(a), Some((b, _))) => a.revision() < decode_rev(b),
         };
         let change = if take_live {
-            let (k, object) = live.next()?;
+            let object = live.next()?;
             let kind = if object.created_revision() == object.revision() {
                 ChangeKind::Insert
             } else {
@@ -165,7 +165,7 @@ impl<'a, T> Iterator for ChangesIter<'a, T> {
             };
             ChangeRef {
                 object,
-                revision: decode_rev(k),
+                revision: object.revision(),
                 kind,
             }
         } else {
@@ -226,8 +226,12 @@ impl<T: Storable> Table<T> {
             processed: AtomicU64::new(since),
         });
         writer.trackers.push(Arc::downgrade(&tracker));
+        // The consumer reads in revision order: a table state opened
+        // before it builds its revision index now; one opened later does
+        // (see `TableTxn::new`), and until then reads sort the objects.
         if let Some(s) = state {
             s.track_deletes = true;
+            s.ensure_revisions()?;
         }
         Ok(Changes {
             table: self.clone(),
@@ -253,12 +257,14 @@ impl<T: Storable> Changes<T> {
     /// [`ChangesIter`]).
     pub fn iter<'a>(&'a mut self, txn: &'a ReadTxn) -> Result<(ChangesIter<'a, T>, Watch)> {
         let root = txn.root(&self.table)?;
-        let watch = root.revisions.root_watch();
+        let watch = root.changed_watch();
         let scans = (root.revision > self.pos).then(|| {
             let from = crate::key::rev_key(self.pos + 1);
             let from: &[u8] = &from;
             (
-                root.revisions.range(from..).peekable(),
+                View::Root(root)
+                    .by_revision(self.pos + 1, &self.table.inner.meta)
+                    .peekable(),
                 root.graveyard.range(from..).peekable(),
             )
         });

@@ -58,6 +58,9 @@ pub struct TableStats {
     pub revision: Revision,
     /// Deleted objects kept for change-stream consumers.
     pub graveyard: usize,
+    /// The table keeps a revision index: built on first use (a change
+    /// stream, a revision-order read), kept by every write from then on.
+    pub revision_index: bool,
     /// Write-lock acquisitions, total and longest wait.
     pub lock_wait: (u64, Duration, Duration),
     /// Write-lock holds, total and longest hold.
@@ -69,8 +72,8 @@ pub struct TableStats {
 /// The type-erased table operations the database runs itself.
 pub(crate) trait TableOps: Send + Sync {
     fn meta(&self) -> &Arc<TableMeta>;
-    /// (objects, revision, graveyard size) in `roots`.
-    fn sizes(&self, roots: &Roots) -> (usize, Revision, usize);
+    /// (objects, revision, graveyard size, has a revision index) in `roots`.
+    fn sizes(&self, roots: &Roots) -> (usize, Revision, usize, bool);
     /// Drops graveyard entries every consumer has processed; returns how
     /// many.
     fn collect(&self, db: &DbInner) -> usize;
@@ -236,6 +239,7 @@ impl Db {
             lock: Arc::new(Mutex::new(Default::default())),
             metrics: TableMetrics::new(name),
             layout: opts.key_layout,
+            revisions_wanted: Default::default(),
         });
         let uid = Arc::as_ptr(&meta) as u64;
         for (pos, ix) in indexes.iter().enumerate() {
@@ -341,13 +345,14 @@ impl Db {
             .read()
             .iter()
             .map(|t| {
-                let (objects, revision, graveyard) = t.sizes(&roots);
+                let (objects, revision, graveyard, revision_index) = t.sizes(&roots);
                 let m = &t.meta().metrics;
                 TableStats {
                     name: t.meta().name.clone(),
                     objects,
                     revision,
                     graveyard,
+                    revision_index,
                     lock_wait: m.lock_wait.snapshot(),
                     lock_hold: m.lock_hold.snapshot(),
                     commit: m.commit.snapshot(),
@@ -479,13 +484,18 @@ impl<T: Storable> TableOps for TableInner<T> {
         &self.meta
     }
 
-    fn sizes(&self, roots: &Roots) -> (usize, Revision, usize) {
+    fn sizes(&self, roots: &Roots) -> (usize, Revision, usize, bool) {
         match roots
             .get(self.meta.id)
             .and_then(|r| r.downcast_ref::<TableRoot<T>>())
         {
-            Some(r) => (r.indexes[0].len(), r.revision, r.graveyard.len()),
-            None => (0, 0, 0),
+            Some(r) => (
+                r.indexes[0].len(),
+                r.revision,
+                r.graveyard.len(),
+                r.revisions.is_some(),
+            ),
+            None => (0, 0, 0, false),
         }
     }
 

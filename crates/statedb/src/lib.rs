@@ -71,7 +71,7 @@ pub use init::Initializer;
 pub use key::{escape_nonunique, IpPrefix, Key, KeyLayout};
 pub use object::Object;
 pub use part::{Watch, WatchSet};
-pub use table::{AnyTable, Objects, Storable, Table};
+pub use table::{AnyTable, ByRevision, Objects, Storable, Table};
 pub use txn::{ReadTxn, Reader, TxnRead, WriteTxn};
 pub use wait::wait_spin;
 

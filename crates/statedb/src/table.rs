@@ -4,6 +4,7 @@
 use std::any::Any;
 use std::borrow::Borrow;
 use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -96,6 +97,11 @@ pub struct TableMeta {
     pub(crate) lock: Arc<Mutex<WriterState>>,
     pub(crate) metrics: TableMetrics,
     pub(crate) layout: KeyLayout,
+    /// A reader asked for revision order from a snapshot without a
+    /// revision index: the next write transaction on the table builds one.
+    /// A hint only (a snapshot without the index answers from its objects),
+    /// so `Relaxed`.
+    pub(crate) revisions_wanted: AtomicBool,
 }
 
 /// A table of any object type: what [`crate::Db::write_txn`] locks.
@@ -152,14 +158,24 @@ impl<T> AnyTable for Table<T> {
 #[doc(hidden)]
 pub struct TableRoot<T> {
     pub(crate) indexes: SmallVec<[Tree<Obj<T>>; 2]>,
-    /// Revision (big-endian) -> live object last written at it.
-    pub(crate) revisions: Tree<Obj<T>>,
+    /// Revision (big-endian) -> live object last written at it. Built on
+    /// first use (a change-stream consumer, a revision-order read) and
+    /// kept from then on; until then writes skip it.
+    pub(crate) revisions: Option<Tree<Obj<T>>>,
     /// Delete revision (big-endian) -> deleted object.
     pub(crate) graveyard: Tree<Obj<T>>,
     pub(crate) revision: Revision,
     /// Holds the key `b""` while some initializer is pending.
     pub(crate) init: Tree<()>,
     pub(crate) pending: Arc<Vec<(u64, String)>>,
+}
+
+impl<T> TableRoot<T> {
+    /// A watch that fires on the table's next write: every write replaces
+    /// the primary index's root (an object write is a new leaf there).
+    pub(crate) fn changed_watch(&self) -> Watch {
+        self.indexes[0].root_watch()
+    }
 }
 
 impl<T> Clone for TableRoot<T> {
@@ -185,7 +201,7 @@ impl<T> TableRoot<T> {
     pub(crate) fn new(n_indexes: usize) -> Self {
         TableRoot {
             indexes: (0..n_indexes).map(|_| Tree::new()).collect(),
-            revisions: Tree::with_options(root_only()),
+            revisions: None,
             graveyard: Tree::with_options(root_only()),
             revision: 0,
             init: Tree::new(),
@@ -237,11 +253,35 @@ impl<'a, T> View<'a, T> {
             View::Txn(t) => TreeRef::Txn(&t.indexes[i]),
         }
     }
-    pub(crate) fn revisions(&self) -> TreeRef<'a, Obj<T>> {
+    /// The revision index, if the table has one yet.
+    pub(crate) fn revisions(&self) -> Option<TreeRef<'a, Obj<T>>> {
         match *self {
-            View::Root(r) => TreeRef::Tree(&r.revisions),
-            View::Txn(t) => TreeRef::Txn(&t.revisions),
+            View::Root(r) => r.revisions.as_ref().map(TreeRef::Tree),
+            View::Txn(t) => t.revisions.as_deref().map(TreeRef::Txn),
         }
+    }
+
+    /// Live objects last written at revision `>= from`, in revision order:
+    /// from the revision index, or, without one, the objects sorted (and
+    /// `meta` asks the next writer to build the index).
+    pub(crate) fn by_revision(&self, from: Revision, meta: &TableMeta) -> ByRevision<'a, T> {
+        let it = match self.revisions() {
+            Some(tree) => {
+                RevSource::Index(tree.scan(&Scan::LowerBound(rev_key(from).to_vec()), false))
+            }
+            None => {
+                meta.revisions_wanted.store(true, Ordering::Relaxed);
+                let mut v: Vec<&'a Obj<T>> = self
+                    .index(0)
+                    .scan(&Scan::All, false)
+                    .map(|(_, o)| o)
+                    .filter(|o| o.revision() >= from)
+                    .collect();
+                v.sort_unstable_by_key(|o| o.revision());
+                RevSource::Sorted(v.into_iter())
+            }
+        };
+        ByRevision { it }
     }
     pub(crate) fn graveyard(&self) -> TreeRef<'a, Obj<T>> {
         match *self {
@@ -269,7 +309,8 @@ impl<'a, T> View<'a, T> {
 #[doc(hidden)]
 pub struct TableTxn<T> {
     pub(crate) indexes: SmallVec<[TreeTxn<Obj<T>>; 2]>,
-    pub(crate) revisions: TreeTxn<Obj<T>>,
+    /// `None` while the table has no revision index.
+    pub(crate) revisions: Option<TreeTxn<Obj<T>>>,
     pub(crate) graveyard: LazyTxn<Obj<T>>,
     pub(crate) revision: Revision,
     pub(crate) init: LazyTxn<()>,
@@ -313,7 +354,7 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
         ws.keys = std::mem::take(&mut this.keys).trimmed();
         let root = TableRoot {
             indexes: this.indexes.iter_mut().map(TreeTxn::commit).collect(),
-            revisions: this.revisions.commit(),
+            revisions: this.revisions.as_mut().map(TreeTxn::commit),
             graveyard: this.graveyard.commit(),
             revision: this.revision,
             init: this.init.commit(),
@@ -416,6 +457,20 @@ impl<V: Clone> LazyTxn<V> {
     }
 }
 
+/// A revision index of `objects` (the live objects of a primary index),
+/// inserted in revision order.
+fn build_revisions<'a, T: 'a>(
+    objects: impl Iterator<Item = (&'a [u8], &'a Obj<T>)>,
+) -> Result<TreeTxn<Obj<T>>> {
+    let mut objs: Vec<&Obj<T>> = objects.map(|(_, o)| o).collect();
+    objs.sort_unstable_by_key(|o| o.revision());
+    let mut t = Tree::with_options(root_only()).txn();
+    for o in objs {
+        t.insert(&rev_key(o.revision()), o.clone())?;
+    }
+    Ok(TreeTxn::Open(t))
+}
+
 fn check_len(index: &AnyIndex<impl Sized>, len: usize) -> Result<()> {
     if len > part::MAX_KEY_LEN {
         Err(Error::KeyTooLong {
@@ -448,18 +503,31 @@ fn stored<'b>(
 }
 
 impl<T: Storable> TableTxn<T> {
-    pub(crate) fn new(root: &TableRoot<T>, ws: &mut WriterState, layout: KeyLayout) -> Self {
+    /// The table's write state on `root`. The revision index is opened if
+    /// the table has one, built if a consumer or a reader wants one
+    /// (`wanted`), else left out.
+    pub(crate) fn new(
+        root: &TableRoot<T>,
+        ws: &mut WriterState,
+        layout: KeyLayout,
+        wanted: bool,
+    ) -> Result<Self> {
         let track_deletes = ws.has_trackers();
+        let revisions = match &root.revisions {
+            Some(t) => Some(TreeTxn::Open(t.txn())),
+            None if wanted || track_deletes => Some(build_revisions(root.indexes[0].iter())?),
+            None => None,
+        };
         let mut keys = std::mem::take(&mut ws.keys);
         keys.new_keys
             .resize_with(root.indexes.len(), KeyBuf::default);
-        TableTxn {
+        Ok(TableTxn {
             indexes: root
                 .indexes
                 .iter()
                 .map(|t| TreeTxn::Open(t.txn()))
                 .collect(),
-            revisions: TreeTxn::Open(root.revisions.txn()),
+            revisions,
             graveyard: LazyTxn::new(&root.graveyard),
             revision: root.revision,
             init: LazyTxn::new(&root.init),
@@ -467,7 +535,16 @@ impl<T: Storable> TableTxn<T> {
             track_deletes,
             keys,
             layout,
+        })
+    }
+
+    /// Builds the revision index from the transaction's objects if the
+    /// table has none yet.
+    pub(crate) fn ensure_revisions(&mut self) -> Result<()> {
+        if self.revisions.is_none() {
+            self.revisions = Some(build_revisions(self.indexes[0].iter())?);
         }
+        Ok(())
     }
 
     /// Inserts or replaces `value`; `merge` combines an existing object with
@@ -559,10 +636,12 @@ impl<T: Storable> TableTxn<T> {
         };
         self.revision = rev;
         let pk = self.keys.new_keys[0].get(0);
-        if let Some(o) = &old {
-            self.revisions.delete(&rev_key(o.revision()));
+        if let Some(r) = &mut self.revisions {
+            if let Some(o) = &old {
+                r.delete(&rev_key(o.revision()));
+            }
+            r.insert(&rev_key(rev), obj.clone())?;
         }
-        self.revisions.insert(&rev_key(rev), obj.clone())?;
         for (i, ix) in idx.iter().enumerate().skip(1) {
             let unique = ix.is_unique();
             if let Some(o) = &old {
@@ -606,7 +685,9 @@ impl<T: Storable> TableTxn<T> {
             }
         }
         self.indexes[0].delete(&self.keys.pk);
-        self.revisions.delete(&rev_key(old.revision()));
+        if let Some(r) = &mut self.revisions {
+            r.delete(&rev_key(old.revision()));
+        }
         for (i, ix) in t.indexes.iter().enumerate().skip(1) {
             ix.keys_of(old.value(), &mut self.keys.old_keys);
             for k in self.keys.old_keys.iter() {
@@ -641,8 +722,39 @@ impl<T: Storable> TableTxn<T> {
         for t in self.indexes.iter_mut() {
             t.clear();
         }
-        self.revisions.clear();
+        if let Some(r) = &mut self.revisions {
+            r.clear();
+        }
         Ok(n)
+    }
+}
+
+/// Objects in revision order ([`Table::list_revision`]), borrowed from the
+/// transaction: read from the table's revision index, or, in a snapshot
+/// taken before the table had one, from its objects sorted by revision.
+pub struct ByRevision<'a, T> {
+    it: RevSource<'a, T>,
+}
+
+enum RevSource<'a, T> {
+    Index(part::Iter<'a, Obj<T>>),
+    Sorted(std::vec::IntoIter<&'a Obj<T>>),
+}
+
+impl<'a, T> Iterator for ByRevision<'a, T> {
+    type Item = &'a Arc<Object<T>>;
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        match &mut self.it {
+            RevSource::Index(it) => it.next().map(|(_, v)| v),
+            RevSource::Sorted(it) => it.next(),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for ByRevision<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ByRevision").finish_non_exhaustive()
     }
 }
 
@@ -986,16 +1098,16 @@ impl<T: Storable> Table<T> {
     }
 
     /// Objects last written at revision `>= from`, in revision order.
+    ///
+    /// A table gets its revision index on first use: the first such read
+    /// of a table without one sorts its objects (O(n log n)), and the next
+    /// write transaction builds the index, which every later write keeps.
     pub fn list_revision<'a>(
         &self,
         txn: &'a impl TxnRead,
         from: Revision,
-    ) -> Result<Objects<'a, T>> {
-        Ok(Objects::new(
-            txn.view(self)?
-                .revisions()
-                .scan(&Scan::LowerBound(rev_key(from).to_vec()), false),
-        ))
+    ) -> Result<ByRevision<'a, T>> {
+        Ok(txn.view(self)?.by_revision(from, &self.inner.meta))
     }
 
     /// [`Table::list_revision`] and a watch that fires on the table's next
@@ -1004,14 +1116,11 @@ impl<T: Storable> Table<T> {
         &self,
         txn: &'a ReadTxn,
         from: Revision,
-    ) -> Result<(Objects<'a, T>, Watch)> {
+    ) -> Result<(ByRevision<'a, T>, Watch)> {
         let root = txn.root(self)?;
         Ok((
-            Objects::new(
-                root.revisions
-                    .scan(&Scan::LowerBound(rev_key(from).to_vec()), false),
-            ),
-            root.revisions.root_watch(),
+            View::Root(root).by_revision(from, &self.inner.meta),
+            root.changed_watch(),
         ))
     }
 

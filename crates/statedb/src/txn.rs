@@ -6,6 +6,7 @@
 //! table's first write only.
 
 use std::any::Any;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -185,7 +186,8 @@ impl WriteTxn {
         if self.locked[i].state.is_none() {
             let root = root_of::<T>(self.db.uid, &self.base, &self.locked[i].meta)?;
             let l = &mut self.locked[i];
-            let txn = TableTxn::<T>::new(root, &mut l.guard, l.meta.layout);
+            let wanted = l.meta.revisions_wanted.load(Ordering::Relaxed);
+            let txn = TableTxn::<T>::new(root, &mut l.guard, l.meta.layout, wanted)?;
             l.state = Some(Box::new(txn));
         }
         Ok(())

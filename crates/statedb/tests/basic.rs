@@ -280,6 +280,110 @@ fn changes_stream_inserts_updates_deletes() {
     assert_eq!(t.graveyard_len(&f.db.read_txn()).unwrap(), 0);
 }
 
+fn has_revision_index(db: &Db, table: &str) -> bool {
+    db.stats()
+        .iter()
+        .find(|s| s.name == table)
+        .expect("table exists")
+        .revision_index
+}
+
+/// Writes ids 0..5, then rewrites 3 and 1: revision order 0, 2, 4, 3, 1.
+fn write_out_of_order(f: &Fixture) {
+    let t = &f.table;
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    for i in 0..5 {
+        t.insert(&mut w, obj(i, &format!("{i}"), &[], 0)).unwrap();
+    }
+    w.commit().unwrap();
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.insert(&mut w, obj(3, "3b", &[], 0)).unwrap();
+    t.insert(&mut w, obj(1, "1b", &[], 0)).unwrap();
+    w.commit().unwrap();
+}
+
+#[test]
+fn revision_index_is_built_on_first_use() {
+    let f = fixture();
+    let t = &f.table;
+    write_out_of_order(&f);
+    // Nobody read revision order: the writes kept no revision index.
+    assert!(!has_revision_index(&f.db, "objs"));
+    // A snapshot without one answers from its objects, sorted.
+    let r = f.db.read_txn();
+    assert_eq!(ids(t.list_revision(&r, 0).unwrap()), vec![0, 2, 4, 3, 1]);
+    assert_eq!(ids(t.list_revision(&r, 5).unwrap()), vec![4, 3, 1]);
+    let (objs, watch) = t.list_revision_watch(&r, 7).unwrap();
+    assert_eq!(ids(objs), vec![1]);
+    // Inside a write transaction too, with its own writes.
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.insert(&mut w, obj(0, "0b", &[], 0)).unwrap();
+    assert_eq!(ids(t.list_revision(&w, 6).unwrap()), vec![3, 1, 0]);
+    assert!(!watch.is_closed(), "nothing committed yet");
+    let r = w.commit().unwrap();
+    // The read asked for the index: that write built it, and the watch
+    // fired.
+    assert!(watch.is_closed());
+    assert!(has_revision_index(&f.db, "objs"));
+    assert_eq!(ids(t.list_revision(&r, 0).unwrap()), vec![2, 4, 3, 1, 0]);
+    // Later writes keep it.
+    let (_, watch) = t.list_revision_watch(&r, 0).unwrap();
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.insert(&mut w, obj(2, "2b", &[], 0)).unwrap();
+    t.delete_key(&mut w, &4u32).unwrap();
+    let r = w.commit().unwrap();
+    assert!(watch.is_closed());
+    assert_eq!(ids(t.list_revision(&r, 0).unwrap()), vec![3, 1, 0, 2]);
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.delete_all(&mut w).unwrap();
+    t.insert(&mut w, obj(9, "9", &[], 0)).unwrap();
+    let r = w.commit().unwrap();
+    assert_eq!(ids(t.list_revision(&r, 0).unwrap()), vec![9]);
+}
+
+#[test]
+fn consumer_registered_on_a_table_without_revision_index() {
+    let f = fixture();
+    let t = &f.table;
+    write_out_of_order(&f);
+    // Registered by a transaction that does not write the table: the
+    // first read sorts the objects; the next write builds the index.
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    let mut ch = t.changes(&mut w).unwrap();
+    let r = w.commit().unwrap();
+    assert!(!has_revision_index(&f.db, "objs"));
+    let (batch, watch) = ch.next(&r).unwrap();
+    let got: Vec<(u32, u64, ChangeKind)> = batch
+        .iter()
+        .map(|c| (c.object.id, c.revision, c.kind))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (0, 1, ChangeKind::Insert),
+            (2, 3, ChangeKind::Insert),
+            (4, 5, ChangeKind::Insert),
+            (3, 6, ChangeKind::Update),
+            (1, 7, ChangeKind::Update),
+        ]
+    );
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.insert(&mut w, obj(0, "0b", &[], 0)).unwrap();
+    t.delete_key(&mut w, &2u32).unwrap();
+    let r = w.commit().unwrap();
+    assert!(watch.is_closed());
+    assert!(has_revision_index(&f.db, "objs"));
+    let (batch, _) = ch.next(&r).unwrap();
+    let got: Vec<(u32, u64, ChangeKind)> = batch
+        .iter()
+        .map(|c| (c.object.id, c.revision, c.kind))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(0, 8, ChangeKind::Update), (2, 9, ChangeKind::Delete)]
+    );
+}
+
 #[test]
 fn graveyard_kept_until_every_consumer_is_past() {
     let f = fixture();
