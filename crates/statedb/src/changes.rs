@@ -3,9 +3,10 @@
 //! A consumer ([`Changes`]) registers a [`Tracker`] with the table (under the
 //! table's write lock, through a write transaction). While any tracker is
 //! alive, deleting an object also stores it in the table's graveyard under
-//! its delete revision. A consumer reads, from a snapshot, the revision
-//! index (live objects by last-write revision) merged with the graveyard,
-//! both from its position on; then it records the snapshot's table
+//! its delete revision. A consumer reads, from a snapshot, the live objects
+//! by last-write revision (the revision index, which registering makes the
+//! table build, or the objects sorted in a snapshot from before it had one)
+//! merged with the graveyard, both from its position on; then it records the snapshot's table
 //! revision as processed. The collector drops graveyard entries at or below
 //! the lowest processed revision of the live trackers (all of them when none
 //! is left).
@@ -119,8 +120,8 @@ impl<T> ChangeRef<'_, T> {
 /// dropped before the end, it leaves the consumer after the last change it
 /// yielded, so the next call resumes there and nothing is lost.
 pub struct ChangesIter<'a, T> {
-    /// The revision index and the graveyard from the position on; `None`
-    /// when the snapshot holds nothing new.
+    /// The live objects in revision order and the graveyard, from the
+    /// position on; `None` when the snapshot holds nothing new.
     scans: Option<(Peekable<ByRevision<'a, T>>, Scan<'a, T>)>,
     pos: &'a mut Revision,
     tracker: &'a Tracker,
@@ -231,7 +232,7 @@ impl<T: Storable> Table<T> {
         // (see `TableTxn::new`), and until then reads sort the objects.
         if let Some(s) = state {
             s.track_deletes = true;
-            s.ensure_revisions()?;
+            s.ensure_revisions();
         }
         Ok(Changes {
             table: self.clone(),

@@ -461,14 +461,16 @@ impl<V: Clone> LazyTxn<V> {
 /// inserted in revision order.
 fn build_revisions<'a, T: 'a>(
     objects: impl Iterator<Item = (&'a [u8], &'a Obj<T>)>,
-) -> Result<TreeTxn<Obj<T>>> {
+) -> TreeTxn<Obj<T>> {
     let mut objs: Vec<&Obj<T>> = objects.map(|(_, o)| o).collect();
     objs.sort_unstable_by_key(|o| o.revision());
     let mut t = Tree::with_options(root_only()).txn();
     for o in objs {
-        t.insert(&rev_key(o.revision()), o.clone())?;
+        if t.insert(&rev_key(o.revision()), o.clone()).is_err() {
+            unreachable!("a revision key is 8 bytes");
+        }
     }
-    Ok(TreeTxn::Open(t))
+    TreeTxn::Open(t)
 }
 
 fn check_len(index: &AnyIndex<impl Sized>, len: usize) -> Result<()> {
@@ -511,17 +513,17 @@ impl<T: Storable> TableTxn<T> {
         ws: &mut WriterState,
         layout: KeyLayout,
         wanted: bool,
-    ) -> Result<Self> {
+    ) -> Self {
         let track_deletes = ws.has_trackers();
         let revisions = match &root.revisions {
             Some(t) => Some(TreeTxn::Open(t.txn())),
-            None if wanted || track_deletes => Some(build_revisions(root.indexes[0].iter())?),
+            None if wanted || track_deletes => Some(build_revisions(root.indexes[0].iter())),
             None => None,
         };
         let mut keys = std::mem::take(&mut ws.keys);
         keys.new_keys
             .resize_with(root.indexes.len(), KeyBuf::default);
-        Ok(TableTxn {
+        TableTxn {
             indexes: root
                 .indexes
                 .iter()
@@ -535,16 +537,15 @@ impl<T: Storable> TableTxn<T> {
             track_deletes,
             keys,
             layout,
-        })
+        }
     }
 
     /// Builds the revision index from the transaction's objects if the
     /// table has none yet.
-    pub(crate) fn ensure_revisions(&mut self) -> Result<()> {
+    pub(crate) fn ensure_revisions(&mut self) {
         if self.revisions.is_none() {
-            self.revisions = Some(build_revisions(self.indexes[0].iter())?);
+            self.revisions = Some(build_revisions(self.indexes[0].iter()));
         }
-        Ok(())
     }
 
     /// Inserts or replaces `value`; `merge` combines an existing object with

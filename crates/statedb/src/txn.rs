@@ -187,7 +187,7 @@ impl WriteTxn {
             let root = root_of::<T>(self.db.uid, &self.base, &self.locked[i].meta)?;
             let l = &mut self.locked[i];
             let wanted = l.meta.revisions_wanted.load(Ordering::Relaxed);
-            let txn = TableTxn::<T>::new(root, &mut l.guard, l.meta.layout, wanted)?;
+            let txn = TableTxn::<T>::new(root, &mut l.guard, l.meta.layout, wanted);
             l.state = Some(Box::new(txn));
         }
         Ok(())
