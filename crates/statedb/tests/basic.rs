@@ -11,6 +11,14 @@ fn ids<'a, T: 'a + std::ops::Deref<Target = statedb::Object<Obj>>>(
     it.map(|o| o.id).collect()
 }
 
+/// Each change as (object id, revision, kind).
+fn id_rev_kind(batch: &[Change<Obj>]) -> Vec<(u32, u64, ChangeKind)> {
+    batch
+        .iter()
+        .map(|c| (c.object.id, c.revision, c.kind))
+        .collect()
+}
+
 #[test]
 fn insert_and_query_every_index() {
     let f = fixture();
@@ -248,10 +256,7 @@ fn changes_stream_inserts_updates_deletes() {
     t.insert(&mut w, obj(2, "b", &[], 0)).unwrap();
     let r = w.commit().unwrap();
     let (batch, watch) = ch.next(&r).unwrap();
-    let kinds: Vec<(u32, u64, ChangeKind)> = batch
-        .iter()
-        .map(|c: &Change<Obj>| (c.object.id, c.revision, c.kind))
-        .collect();
+    let kinds = id_rev_kind(&batch);
     assert_eq!(
         kinds,
         vec![(1, 1, ChangeKind::Insert), (2, 2, ChangeKind::Insert)]
@@ -267,10 +272,7 @@ fn changes_stream_inserts_updates_deletes() {
     assert!(watch.is_closed());
     assert_eq!(t.graveyard_len(&r).unwrap(), 1);
     let (batch, _) = ch.next(&r).unwrap();
-    let kinds: Vec<(u32, u64, ChangeKind)> = batch
-        .iter()
-        .map(|c| (c.object.id, c.revision, c.kind))
-        .collect();
+    let kinds = id_rev_kind(&batch);
     assert_eq!(
         kinds,
         vec![(1, 3, ChangeKind::Update), (2, 4, ChangeKind::Delete)]
@@ -353,10 +355,7 @@ fn consumer_registered_on_a_table_without_revision_index() {
     let r = w.commit().unwrap();
     assert!(!has_revision_index(&f.db, "objs"));
     let (batch, watch) = ch.next(&r).unwrap();
-    let got: Vec<(u32, u64, ChangeKind)> = batch
-        .iter()
-        .map(|c| (c.object.id, c.revision, c.kind))
-        .collect();
+    let got = id_rev_kind(&batch);
     assert_eq!(
         got,
         vec![
@@ -374,10 +373,7 @@ fn consumer_registered_on_a_table_without_revision_index() {
     assert!(watch.is_closed());
     assert!(has_revision_index(&f.db, "objs"));
     let (batch, _) = ch.next(&r).unwrap();
-    let got: Vec<(u32, u64, ChangeKind)> = batch
-        .iter()
-        .map(|c| (c.object.id, c.revision, c.kind))
-        .collect();
+    let got = id_rev_kind(&batch);
     assert_eq!(
         got,
         vec![(0, 8, ChangeKind::Update), (2, 9, ChangeKind::Delete)]
