@@ -6,10 +6,10 @@
 //! its delete revision. A consumer reads, from a snapshot, the live objects
 //! by last-write revision (the revision index, which registering makes the
 //! table build, or the objects sorted in a snapshot from before it had one)
-//! merged with the graveyard, both from its position on; then it records the snapshot's table
-//! revision as processed. The collector drops graveyard entries at or below
-//! the lowest processed revision of the live trackers (all of them when none
-//! is left).
+//! merged with the graveyard, both from its position on; then it records
+//! the snapshot's table revision as processed. The collector drops
+//! graveyard entries at or below the lowest processed revision of the live
+//! trackers (all of them when none is left).
 
 use std::iter::Peekable;
 use std::sync::atomic::{AtomicU64, Ordering};
