@@ -271,14 +271,8 @@ impl<'a, T> View<'a, T> {
             }
             None => {
                 meta.revisions_wanted.store(true, Ordering::Relaxed);
-                let mut v: Vec<&'a Obj<T>> = self
-                    .index(0)
-                    .scan(&Scan::All, false)
-                    .map(|(_, o)| o)
-                    .filter(|o| o.revision() >= from)
-                    .collect();
-                v.sort_unstable_by_key(|o| o.revision());
-                RevSource::Sorted(v.into_iter())
+                let objects = self.index(0).scan(&Scan::All, false);
+                RevSource::Sorted(sorted_by_revision(objects, from).into_iter())
             }
         };
         ByRevision { it }
@@ -457,15 +451,27 @@ impl<V: Clone> LazyTxn<V> {
     }
 }
 
+/// The objects of a primary index's scan last written at revision
+/// `>= from`, in revision order.
+fn sorted_by_revision<'a, T: 'a>(
+    objects: impl Iterator<Item = (&'a [u8], &'a Obj<T>)>,
+    from: Revision,
+) -> Vec<&'a Obj<T>> {
+    let mut v: Vec<&Obj<T>> = objects
+        .map(|(_, o)| o)
+        .filter(|o| o.revision() >= from)
+        .collect();
+    v.sort_unstable_by_key(|o| o.revision());
+    v
+}
+
 /// A revision index of `objects` (the live objects of a primary index),
 /// inserted in revision order.
 fn build_revisions<'a, T: 'a>(
     objects: impl Iterator<Item = (&'a [u8], &'a Obj<T>)>,
 ) -> TreeTxn<Obj<T>> {
-    let mut objs: Vec<&Obj<T>> = objects.map(|(_, o)| o).collect();
-    objs.sort_unstable_by_key(|o| o.revision());
     let mut t = Tree::with_options(root_only()).txn();
-    for o in objs {
+    for o in sorted_by_revision(objects, 0) {
         if t.insert(&rev_key(o.revision()), o.clone()).is_err() {
             unreachable!("a revision key is 8 bytes");
         }
