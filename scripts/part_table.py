@@ -2,9 +2,12 @@
 """Turns the output of `cargo bench -p part --bench part` (one run under the
 system allocator, one of `--bench part_mimalloc`) into BENCHMARKS.md's part table.
 
-usage: part_table.py SYSTEM_LOG[,LOG...] MIMALLOC_LOG[,LOG...]
+usage: part_table.py SYSTEM_LOG[,LOG...] MIMALLOC_LOG[,LOG...] [GO_LOG[,LOG...]]
 (several comma-separated logs: each time is the median over the runs; the
-allocation counts, which do not vary, come from the first)
+allocation counts, which do not vary, come from the first). GO_LOG: output of
+Go statedb part's `go test -bench ... -benchmem` run on the same machine;
+the ratios then compare with its medians instead of the issue's anchors, and
+a column gives Go's bytes per key.
 """
 import re
 import statistics
@@ -57,6 +60,23 @@ def fmt(sec):
     return f"{sec / 1e-9:.3g} ns"
 
 
+# Go benchmark name -> (our name, operations per Go op): Go's txn_N and
+# txn_delete_N time one key per op; the others time a whole batch per op.
+GO_PER_KEY = {"txn_1": 1, "txn_1000": 1, "txn_delete_1000": 1}
+
+
+def parse_go(arg):
+    """Medians of Go's ns/op and its B/op over comma-separated logs."""
+    ns, by = {}, {}
+    for path in arg.split(","):
+        for line in open(path, encoding="utf-8"):
+            m = re.match(r"^Benchmark_(\S+?)-\d+\s+\d+\s+(\S+) ns/op.*?(\d+) B/op", line)
+            if m:
+                ns.setdefault(m.group(1), []).append(float(m.group(2)))
+                by.setdefault(m.group(1), []).append(float(m.group(3)))
+    return {k: (statistics.median(v) * 1e-9, statistics.median(by[k])) for k, v in ns.items()}
+
+
 def parse_runs(arg):
     """`parse` over comma-separated logs: the median time of each benchmark."""
     runs = [parse(p) for p in arg.split(",")]
@@ -68,7 +88,9 @@ def parse_runs(arg):
 def main():
     sys_t, sys_a = parse_runs(sys.argv[1])
     mi_t, _ = parse_runs(sys.argv[2])
-    out = ["| benchmark | ours, system alloc | ours, mimalloc | allocs/op | bytes/op | Go part | Go ÷ ours (system) | Go ÷ ours (mimalloc) |",
+    measured = parse_go(sys.argv[3]) if len(sys.argv) > 3 else None
+    go_col = "Go part, same machine (bytes/key)" if measured else "Go part"
+    out = [f"| benchmark | ours, system alloc | ours, mimalloc | allocs/op | bytes/op | {go_col} | Go ÷ ours (system) | Go ÷ ours (mimalloc) |",
            "|---|---|---|---|---|---|---|---|"]
     for b in ORDER:
         key = f"part/{b}"
@@ -79,7 +101,11 @@ def main():
         label = b + (" (per key)" if per > 1 else "")
         a = sys_a.get(b)
         alloc = f"{a[0]:.2f} | {a[1]:.1f}" if a else " | "
-        if b in GO:
+        if measured is not None and b in GO and b in measured:
+            go, gb = measured[b]
+            keys = 100_000 if b == "Delete_Random" else (1 if b in GO_PER_KEY else 1000)
+            out.append(f"| {label} | {fmt(s)} | {fmt(m)} | {alloc} | {fmt(go)} ({gb / keys:.1f}) | {go / s:.2f}× | {go / m:.2f}× |")
+        elif b in GO:
             v, unit, _ = GO[b]
             go = v * UNIT[unit]
             out.append(f"| {label} | {fmt(s)} | {fmt(m)} | {alloc} | {v} {unit} | {go / s:.2f}× | {go / m:.2f}× |")

@@ -695,6 +695,37 @@ fn stats_count_every_concurrent_commit() {
     assert!(s[0].lock_hold.2 >= s[0].commit.2);
 }
 
+/// A writer waiting longer than the table lock's spin parks, and the
+/// holder's commit wakes it; it then sees the holder's write.
+#[test]
+fn a_writer_waiting_past_the_spin_parks_and_is_woken() {
+    let f = fixture();
+    let hold = std::time::Duration::from_millis(30);
+    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+    f.table.insert(&mut w, obj(1, "first", &[], 0)).unwrap();
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            let mut w2 = f.db.write_txn(&[&f.table]).unwrap();
+            let seen = f
+                .table
+                .get(&w2, &f.by_id, &1)
+                .unwrap()
+                .map(|o| o.name.clone());
+            f.table.insert(&mut w2, obj(2, "second", &[], 0)).unwrap();
+            w2.commit().unwrap();
+            seen
+        });
+        std::thread::sleep(hold);
+        w.commit().unwrap();
+        assert_eq!(waiter.join().unwrap().as_deref(), Some("first"));
+    });
+    let s = f.db.stats();
+    assert_eq!(s[0].objects, 2);
+    assert_eq!(s[0].lock_wait.0, 2);
+    // The waiter's wait is the longest and covers most of the hold.
+    assert!(s[0].lock_wait.2 >= hold / 2, "{:?}", s[0].lock_wait);
+}
+
 #[test]
 fn changes_iter_borrows_what_next_copies_and_resumes_after_a_partial_read() {
     let f = fixture();
