@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 
 use crate::index::{AnyIndex, Index};
 use crate::key::KeyLayout;
+use crate::line::CacheLine;
 use crate::metrics::TableMetrics;
 use crate::table::{
     AnyTable, Finished, Storable, Table, TableInner, TableMeta, TableRoot, WriterState,
@@ -81,9 +82,14 @@ pub(crate) trait TableOps: Send + Sync {
     fn collect(&self, db: &DbInner) -> usize;
 }
 
+/// Aligned so that the `Arc`'s counts (written by every write transaction)
+/// do not share a line with the fields readers load on every read.
+#[repr(align(128))]
 pub(crate) struct DbInner {
     pub(crate) uid: u64,
-    pub(crate) root: ArcSwap<Roots>,
+    /// Alone on its lines: the commit lock, the retired list and the
+    /// counts beside it are written far more often than it changes.
+    pub(crate) root: CacheLine<ArcSwap<Roots>>,
     commit_lock: Mutex<()>,
     pub(crate) tables: RwLock<Vec<Arc<dyn TableOps>>>,
     gc_thread: Mutex<Option<Thread>>,
@@ -170,7 +176,7 @@ impl Db {
     pub fn with_options(opts: DbOptions) -> Self {
         let inner = Arc::new(DbInner {
             uid: NEXT_DB.fetch_add(1, Ordering::Relaxed),
-            root: ArcSwap::from_pointee(Vec::new()),
+            root: CacheLine(ArcSwap::from_pointee(Vec::new())),
             commit_lock: Mutex::new(()),
             tables: RwLock::new(Vec::new()),
             gc_thread: Mutex::new(None),
@@ -239,7 +245,7 @@ impl Db {
             id: tables.len(),
             name: name.to_string(),
             lock: Arc::new(Mutex::new(Default::default())),
-            metrics: TableMetrics::new(name),
+            metrics: CacheLine(TableMetrics::new(name)),
             layout: opts.key_layout,
             revisions_wanted: Default::default(),
         });

@@ -57,6 +57,7 @@ mod error;
 mod index;
 mod init;
 mod key;
+mod line;
 mod metrics;
 mod object;
 mod table;

@@ -14,6 +14,7 @@ use smallvec::SmallVec;
 use crate::changes::Tracker;
 use crate::index::{AnyIndex, Index, KeyBuf};
 use crate::key::{expand, expand_escaped, rev_key, Key, KeyLayout};
+use crate::line::CacheLine;
 use crate::metrics::TableMetrics;
 use crate::object::Object;
 use crate::txn::{ReadTxn, TxnRead, WriteTxn};
@@ -28,8 +29,10 @@ type Merge<'m, T> = &'m mut dyn FnMut(&T, T) -> T;
 pub trait Storable: Send + Sync + 'static {}
 impl<T: Send + Sync + 'static> Storable for T {}
 
-/// What a table's lock protects: state only writers touch.
+/// What a table's lock protects: state only writers touch. Aligned so that
+/// it does not share a line with the lock word a waiting writer polls.
 #[derive(Default)]
+#[repr(align(128))]
 pub struct WriterState {
     /// Change-stream consumers (dropped ones fail to upgrade).
     pub(crate) trackers: Vec<Weak<Tracker>>,
@@ -88,14 +91,18 @@ impl WriterState {
     }
 }
 
-/// The non-generic part of a table.
+/// The non-generic part of a table. Aligned so that the `Arc`'s counts
+/// (every write transaction clones it) sit on lines of their own, away from
+/// the fields every read loads.
 #[doc(hidden)]
+#[repr(align(128))]
 pub struct TableMeta {
     pub(crate) db_uid: u64,
     pub(crate) id: usize,
     pub(crate) name: String,
     pub(crate) lock: Arc<Mutex<WriterState>>,
-    pub(crate) metrics: TableMetrics,
+    /// Written by every write transaction: kept off the lines readers load.
+    pub(crate) metrics: CacheLine<TableMetrics>,
     pub(crate) layout: KeyLayout,
     /// A reader asked for revision order from a snapshot without a
     /// revision index: the next write transaction on the table builds one.
