@@ -8,9 +8,9 @@
 use std::any::Any;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use parking_lot::{ArcMutexGuard, RawMutex};
+use quanta::Instant;
 use smallvec::SmallVec;
 
 use crate::db::{DbInner, Roots};
