@@ -37,8 +37,10 @@ pub struct WriterState {
     /// Change-stream consumers (dropped ones fail to upgrade).
     pub(crate) trackers: Vec<Weak<Tracker>>,
     pub(crate) next_init_id: u64,
-    /// Key buffers a write transaction borrows and gives back at commit, so
-    /// a small transaction allocates none.
+    /// Key buffers the table's write transactions encode keys into, lent
+    /// to each write through the lock guard (not moved into the
+    /// transaction's state and back: two 136-byte copies per transaction),
+    /// so a small transaction allocates none. Trimmed at each commit.
     pub(crate) keys: KeyScratch,
 }
 
@@ -57,8 +59,8 @@ pub(crate) struct KeyScratch {
 const KEEP_BYTES: usize = 4096;
 
 impl KeyScratch {
-    /// These buffers, less any grown past [`KEEP_BYTES`].
-    fn trimmed(mut self) -> Self {
+    /// Drops the buffers grown past [`KEEP_BYTES`].
+    fn trim(&mut self) {
         let trim = |v: &mut Vec<u8>| {
             if v.capacity() > KEEP_BYTES {
                 *v = Vec::new();
@@ -69,7 +71,6 @@ impl KeyScratch {
         }
         trim(&mut self.pk);
         trim(&mut self.scratch);
-        self
     }
 }
 
@@ -318,8 +319,6 @@ pub struct TableTxn<T> {
     pub(crate) pending: Arc<Vec<(u64, String)>>,
     /// Some consumer follows the table: deleted objects go to the graveyard.
     pub(crate) track_deletes: bool,
-    /// Borrowed from the table's writer state, handed back by `finish`.
-    keys: KeyScratch,
     layout: KeyLayout,
 }
 
@@ -336,7 +335,7 @@ pub(crate) struct Finished {
 pub(crate) trait TableTxnDyn: Send {
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
-    /// Builds the table's new root; hands the key buffers back to `ws`.
+    /// Builds the table's new root; trims the key buffers in `ws`.
     fn finish(self: Box<Self>, ws: &mut WriterState) -> Finished;
 }
 
@@ -352,7 +351,7 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
         // handed on as the commit's notifier. Moving the transaction out of
         // its box and boxing the notifiers anew copied ~1 KiB per commit.
         let this = &mut *self;
-        ws.keys = std::mem::take(&mut this.keys).trimmed();
+        ws.keys.trim();
         let root = TableRoot {
             indexes: this.indexes.iter_mut().map(TreeTxn::commit).collect(),
             revisions: this.revisions.as_mut().map(TreeTxn::commit),
@@ -533,8 +532,8 @@ impl<T: Storable> TableTxn<T> {
             None if wanted || track_deletes => Some(build_revisions(root.indexes[0].iter())),
             None => None,
         };
-        let mut keys = std::mem::take(&mut ws.keys);
-        keys.new_keys
+        ws.keys
+            .new_keys
             .resize_with(root.indexes.len(), KeyBuf::default);
         TableTxn {
             indexes: root
@@ -548,7 +547,6 @@ impl<T: Storable> TableTxn<T> {
             init: LazyTxn::new(&root.init),
             pending: root.pending.clone(),
             track_deletes,
-            keys,
             layout,
         }
     }
@@ -565,25 +563,26 @@ impl<T: Storable> TableTxn<T> {
     /// it; `cas` requires the existing object's revision.
     pub(crate) fn upsert(
         &mut self,
+        keys: &mut KeyScratch,
         t: &TableInner<T>,
         mut value: T,
         merge: Option<Merge<'_, T>>,
         cas: Option<Revision>,
     ) -> Result<Option<Obj<T>>> {
         let idx = &t.indexes;
-        idx[0].keys_of(&value, &mut self.keys.new_keys[0]);
+        idx[0].keys_of(&value, &mut keys.new_keys[0]);
         check_len(
             &idx[0],
-            self.keys.new_keys[0].get(0).len() * self.layout.per_byte(),
+            keys.new_keys[0].get(0).len() * self.layout.per_byte(),
         )?;
-        self.keys.pk.clear();
-        expand(self.layout, self.keys.new_keys[0].get(0), &mut self.keys.pk);
+        keys.pk.clear();
+        expand(self.layout, keys.new_keys[0].get(0), &mut keys.pk);
         // A merge, a revision check or a unique secondary index needs the
         // old object before anything is written; a plain upsert learns it
         // from the primary index's write (one walk instead of two).
         let look_first = merge.is_some() || cas.is_some() || t.unique_secondary;
         let mut old = if look_first {
-            self.indexes[0].get(&self.keys.pk).cloned()
+            self.indexes[0].get(&keys.pk).cloned()
         } else {
             None
         };
@@ -603,14 +602,14 @@ impl<T: Storable> TableTxn<T> {
             value = f(o.value(), value);
             let mut k = KeyBuf::default();
             idx[0].keys_of(&value, &mut k);
-            if k.get(0) != self.keys.new_keys[0].get(0) {
+            if k.get(0) != keys.new_keys[0].get(0) {
                 return Err(Error::MergeChangedKey);
             }
         }
-        let pk_len = self.keys.new_keys[0].get(0).len();
+        let pk_len = keys.new_keys[0].get(0).len();
         for (i, ix) in idx.iter().enumerate().skip(1) {
-            ix.keys_of(&value, &mut self.keys.new_keys[i]);
-            for k in self.keys.new_keys[i].iter() {
+            ix.keys_of(&value, &mut keys.new_keys[i]);
+            for k in keys.new_keys[i].iter() {
                 let len = if ix.is_unique() {
                     k.len()
                 } else {
@@ -618,7 +617,7 @@ impl<T: Storable> TableTxn<T> {
                 };
                 check_len(ix, len * self.layout.per_byte())?;
                 if ix.is_unique() {
-                    let s = stored(self.layout, true, k, &[], &mut self.keys.scratch);
+                    let s = stored(self.layout, true, k, &[], &mut keys.scratch);
                     if let Some(e) = self.indexes[i].get(s) {
                         if old.as_ref().is_none_or(|o| !Arc::ptr_eq(e, o)) {
                             return Err(Error::UniqueConflict {
@@ -638,18 +637,18 @@ impl<T: Storable> TableTxn<T> {
         };
         let obj = if look_first {
             let obj = new(old.as_ref());
-            self.indexes[0].insert(&self.keys.pk, obj.clone())?;
+            self.indexes[0].insert(&keys.pk, obj.clone())?;
             obj
         } else {
             let mut obj = None;
-            old = self.indexes[0].modify(&self.keys.pk, |o| obj.insert(new(o)).clone())?;
+            old = self.indexes[0].modify(&keys.pk, |o| obj.insert(new(o)).clone())?;
             let Some(obj) = obj else {
                 unreachable!("a successful modify calls its closure")
             };
             obj
         };
         self.revision = rev;
-        let pk = self.keys.new_keys[0].get(0);
+        let pk = keys.new_keys[0].get(0);
         if let Some(r) = &mut self.revisions {
             if let Some(o) = &old {
                 r.delete(&rev_key(o.revision()));
@@ -659,16 +658,16 @@ impl<T: Storable> TableTxn<T> {
         for (i, ix) in idx.iter().enumerate().skip(1) {
             let unique = ix.is_unique();
             if let Some(o) = &old {
-                ix.keys_of(o.value(), &mut self.keys.old_keys);
-                for k in self.keys.old_keys.iter() {
-                    if !self.keys.new_keys[i].contains(k) {
-                        let s = stored(self.layout, unique, k, pk, &mut self.keys.scratch);
+                ix.keys_of(o.value(), &mut keys.old_keys);
+                for k in keys.old_keys.iter() {
+                    if !keys.new_keys[i].contains(k) {
+                        let s = stored(self.layout, unique, k, pk, &mut keys.scratch);
                         self.indexes[i].delete(s);
                     }
                 }
             }
-            for k in self.keys.new_keys[i].iter() {
-                let s = stored(self.layout, unique, k, pk, &mut self.keys.scratch);
+            for k in keys.new_keys[i].iter() {
+                let s = stored(self.layout, unique, k, pk, &mut keys.scratch);
                 self.indexes[i].insert(s, obj.clone())?;
             }
         }
@@ -678,13 +677,14 @@ impl<T: Storable> TableTxn<T> {
     /// Deletes the object with primary key `pk`.
     pub(crate) fn delete_pk(
         &mut self,
+        keys: &mut KeyScratch,
         t: &TableInner<T>,
         pk: &[u8],
         cas: Option<Revision>,
     ) -> Result<Option<Obj<T>>> {
-        self.keys.pk.clear();
-        expand(self.layout, pk, &mut self.keys.pk);
-        let Some(old) = self.indexes[0].get(&self.keys.pk).cloned() else {
+        keys.pk.clear();
+        expand(self.layout, pk, &mut keys.pk);
+        let Some(old) = self.indexes[0].get(&keys.pk).cloned() else {
             return match cas {
                 Some(_) => Err(Error::ObjectNotFound),
                 None => Ok(None),
@@ -698,14 +698,14 @@ impl<T: Storable> TableTxn<T> {
                 });
             }
         }
-        self.indexes[0].delete(&self.keys.pk);
+        self.indexes[0].delete(&keys.pk);
         if let Some(r) = &mut self.revisions {
             r.delete(&rev_key(old.revision()));
         }
         for (i, ix) in t.indexes.iter().enumerate().skip(1) {
-            ix.keys_of(old.value(), &mut self.keys.old_keys);
-            for k in self.keys.old_keys.iter() {
-                let s = stored(self.layout, ix.is_unique(), k, pk, &mut self.keys.scratch);
+            ix.keys_of(old.value(), &mut keys.old_keys);
+            for k in keys.old_keys.iter() {
+                let s = stored(self.layout, ix.is_unique(), k, pk, &mut keys.scratch);
                 self.indexes[i].delete(s);
             }
         }
@@ -840,7 +840,7 @@ impl<T: Storable> Table<T> {
     /// Inserts `obj`, replacing the object with the same primary key;
     /// returns the replaced object.
     pub fn insert(&self, txn: &mut WriteTxn, obj: T) -> Result<Option<Obj<T>>> {
-        txn.with_table(self, |s| s.upsert(&self.inner, obj, None, None))
+        txn.with_table(self, |s, k| s.upsert(k, &self.inner, obj, None, None))
     }
 
     /// Inserts `obj`, or, if an object with its primary key exists, stores
@@ -851,7 +851,9 @@ impl<T: Storable> Table<T> {
         obj: T,
         mut merge: impl FnMut(&T, T) -> T,
     ) -> Result<Option<Obj<T>>> {
-        txn.with_table(self, |s| s.upsert(&self.inner, obj, Some(&mut merge), None))
+        txn.with_table(self, |s, k| {
+            s.upsert(k, &self.inner, obj, Some(&mut merge), None)
+        })
     }
 
     /// Replaces the object with `obj`'s primary key only if its revision is
@@ -862,8 +864,8 @@ impl<T: Storable> Table<T> {
         revision: Revision,
         obj: T,
     ) -> Result<Obj<T>> {
-        txn.with_table(self, |s| {
-            s.upsert(&self.inner, obj, None, Some(revision))
+        txn.with_table(self, |s, k| {
+            s.upsert(k, &self.inner, obj, None, Some(revision))
                 .and_then(|o| o.ok_or(Error::ObjectNotFound))
         })
     }
@@ -872,7 +874,7 @@ impl<T: Storable> Table<T> {
     pub fn delete(&self, txn: &mut WriteTxn, obj: &T) -> Result<Option<Obj<T>>> {
         let mut pk = KeyBuf::default();
         self.inner.indexes[0].keys_of(obj, &mut pk);
-        txn.with_table(self, |s| s.delete_pk(&self.inner, pk.get(0), None))
+        txn.with_table(self, |s, k| s.delete_pk(k, &self.inner, pk.get(0), None))
     }
 
     /// Deletes the object with primary key `key`; returns it. `key` must
@@ -884,7 +886,7 @@ impl<T: Storable> Table<T> {
         key: &Q,
     ) -> Result<Option<Obj<T>>> {
         let pk = key.to_key();
-        txn.with_table(self, |s| s.delete_pk(&self.inner, &pk, None))
+        txn.with_table(self, |s, k| s.delete_pk(k, &self.inner, &pk, None))
     }
 
     /// Deletes the object with `obj`'s primary key only if its revision is
@@ -897,15 +899,15 @@ impl<T: Storable> Table<T> {
     ) -> Result<Obj<T>> {
         let mut pk = KeyBuf::default();
         self.inner.indexes[0].keys_of(obj, &mut pk);
-        txn.with_table(self, |s| {
-            s.delete_pk(&self.inner, pk.get(0), Some(revision))
+        txn.with_table(self, |s, k| {
+            s.delete_pk(k, &self.inner, pk.get(0), Some(revision))
                 .and_then(|o| o.ok_or(Error::ObjectNotFound))
         })
     }
 
     /// Deletes every object; returns how many.
     pub fn delete_all(&self, txn: &mut WriteTxn) -> Result<usize> {
-        txn.with_table(self, |s| s.delete_all())
+        txn.with_table(self, |s, _| s.delete_all())
     }
 
     // ---- reads --------------------------------------------------------
@@ -1202,7 +1204,7 @@ mod tests {
         k.old_keys.bytes.reserve(KEEP_BYTES * 4);
         k.pk.reserve(32);
         k.scratch.reserve(1 << 20);
-        let k = k.trimmed();
+        k.trim();
         assert!(k.new_keys[0].bytes.capacity() >= 64);
         assert_eq!(k.new_keys[1].bytes.capacity(), 0);
         assert_eq!(k.old_keys.bytes.capacity(), 0);

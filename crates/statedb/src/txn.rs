@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 
 use crate::db::{DbInner, Roots};
 use crate::table::{
-    Storable, Table, TableMeta, TableRoot, TableTxn, TableTxnDyn, View, WriterState,
+    KeyScratch, Storable, Table, TableMeta, TableRoot, TableTxn, TableTxnDyn, View, WriterState,
 };
 use crate::{Error, Result};
 
@@ -153,14 +153,15 @@ impl WriteTxn {
     pub(crate) fn with_table<T: Storable, R>(
         &mut self,
         table: &Table<T>,
-        f: impl FnOnce(&mut TableTxn<T>) -> Result<R>,
+        f: impl FnOnce(&mut TableTxn<T>, &mut KeyScratch) -> Result<R>,
     ) -> Result<R> {
         let i = self.locked_index(&table.inner.meta)?;
         self.ensure_state::<T>(i)?;
         // A panic inside `f` leaves `poisoned` set (the txn is dropped while
         // unwinding, or refuses to commit if the panic was caught).
         self.poisoned = true;
-        let r = f(state_cast(&mut self.locked, i)?);
+        let (state, keys) = state_cast(&mut self.locked, i)?;
+        let r = f(state, keys);
         self.poisoned = false;
         r
     }
@@ -253,13 +254,22 @@ impl WriteTxn {
     }
 }
 
-fn state_cast<T: Storable>(locked: &mut [Locked], i: usize) -> Result<&mut TableTxn<T>> {
+/// The table's write state and the key buffers it writes with (the table's
+/// own, lent by the lock guard rather than moved in and out of the state).
+fn state_cast<T: Storable>(
+    locked: &mut [Locked],
+    i: usize,
+) -> Result<(&mut TableTxn<T>, &mut KeyScratch)> {
     let l = &mut locked[i];
     // The error is built only on failure: it clones the name.
-    l.state
+    match l
+        .state
         .as_mut()
         .and_then(|s| s.as_any_mut().downcast_mut::<TableTxn<T>>())
-        .ok_or_else(|| Error::TableNotLocked(l.meta.name.clone()))
+    {
+        Some(s) => Ok((s, &mut l.guard.keys)),
+        None => Err(Error::TableNotLocked(l.meta.name.clone())),
+    }
 }
 
 impl Drop for WriteTxn {
