@@ -610,3 +610,44 @@ fn a_delete_under_a_watched_node_the_txn_owns_alone_fires_its_watch() {
     assert!(node_w.is_closed());
     assert!(!other_w.is_closed());
 }
+
+/// Versions that share most of their nodes, dropped on several threads at
+/// once in different orders: each node is freed exactly once, by whichever
+/// thread releases it last (the last release skips the read-modify-write
+/// when the count is already 1; this races it against the others).
+#[test]
+fn shared_versions_dropped_on_many_threads_free_each_node_once() {
+    let live = Arc::new(std::sync::atomic::AtomicIsize::new(0));
+    for round in 0..20u64 {
+        let mut versions = Vec::new();
+        let mut t = Tree::new();
+        for v in 0..32u64 {
+            let mut txn = t.txn();
+            for k in 0..300u64 {
+                // Each version rewrites a different slice of the keys.
+                if (k + v * 7 + round) % 5 == 0 || v == 0 {
+                    txn.insert(&(k * 37).to_be_bytes(), Counted::new(&live))
+                        .unwrap();
+                }
+            }
+            t = txn.commit();
+            versions.push(t.clone());
+        }
+        drop(t);
+        let threads: Vec<_> = (0..4)
+            .map(|i| {
+                let mut mine: Vec<Tree<Counted>> =
+                    versions.iter().skip(i).step_by(2).cloned().collect();
+                if i % 2 == 1 {
+                    mine.reverse();
+                }
+                std::thread::spawn(move || drop(mine))
+            })
+            .collect();
+        drop(versions);
+        for h in threads {
+            h.join().unwrap();
+        }
+        assert_eq!(live.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+}
