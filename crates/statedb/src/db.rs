@@ -7,10 +7,9 @@ use std::sync::{Arc, Weak};
 use std::thread::Thread;
 use std::time::Duration;
 
-use quanta::Instant;
-
 use arc_swap::ArcSwap;
 use parking_lot::{ArcMutexGuard, Mutex, RawMutex, RwLock};
+use quanta::Instant;
 use smallvec::SmallVec;
 
 use crate::index::{AnyIndex, Index};
