@@ -4,7 +4,6 @@
 /// prefetcher fetches lines in 128-byte pairs), so writes to what sits
 /// beside it do not take it away from the cores that read it.
 #[repr(align(128))]
-#[derive(Default)]
 pub(crate) struct CacheLine<T>(pub(crate) T);
 
 impl<T> std::ops::Deref for CacheLine<T> {
