@@ -225,8 +225,12 @@ pub(crate) fn range_scan<'k, R: RangeBounds<&'k [u8]>>(range: &R) -> ScanRef<'k>
 /// the end (a leaf, or the terminal where the key runs out) decides. A key
 /// that left the tree's paths somewhere above reaches a missing child or a
 /// leaf with another key.
+/// The root of a one-key tree may be that key's leaf (see `Txn::modify`).
 #[inline]
 pub(crate) fn get<'a, V>(root: &'a Child<V>, key: &[u8]) -> Option<&'a V> {
+    if let Kind::Leaf(l) = root.kind() {
+        return bytes::eq(&l.h.bytes, key).then_some(&l.value);
+    }
     get_below(root, key, root.bytes().len())
 }
 
@@ -258,6 +262,9 @@ pub(crate) fn get_with_node<'a, V>(
     root: &'a Child<V>,
     key: &[u8],
 ) -> (Option<&'a V>, &'a Child<V>) {
+    if let Kind::Leaf(l) = root.kind() {
+        return (bytes::eq(&l.h.bytes, key).then_some(&l.value), root);
+    }
     let mut node = root;
     let mut depth = 0;
     loop {
@@ -288,6 +295,9 @@ pub(crate) fn get_with_node<'a, V>(
 /// The inner node whose watch covers every key under `prefix`: the node the
 /// prefix ends in, or the deepest inner node on its path.
 pub(crate) fn prefix_node<'a, V>(root: &'a Child<V>, prefix: &[u8]) -> &'a Child<V> {
+    if root.is_leaf() {
+        return root;
+    }
     let mut node = root;
     let mut depth = 0;
     loop {

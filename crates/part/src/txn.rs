@@ -225,7 +225,7 @@ impl<V: Clone> Txn<V> {
                     Flat::Replace => {
                         let (here, node) = crate::finger::pin(slot);
                         let old = match node.flat256_mut().and_then(|n| n.slots.get_mut_owned(b)) {
-                            Some(leaf) => replace_leaf(rec, leaf, key, f),
+                            Some(leaf) => replace_leaf(rec, leaf, key, f, false),
                             None => unreachable!("an owned leaf"),
                         };
                         if !is_root {
@@ -250,7 +250,7 @@ impl<V: Clone> Txn<V> {
             let split = match slot.kind() {
                 Kind::Leaf(l) => {
                     if crate::bytes::eq(&l.h.bytes, key) {
-                        let old = replace_leaf(rec, slot, key, f);
+                        let old = replace_leaf(rec, slot, key, f, is_root);
                         if let Some((p, d)) = parent {
                             finger.set(p, key, d);
                         }
@@ -274,12 +274,36 @@ impl<V: Clone> Txn<V> {
                         .header_mut()
                         .bytes
                         .drain(..cp);
+                    if is_root {
+                        // Only a root may hold fewer than two entries (a
+                        // delete left it so): below the new root it merges
+                        // into its one entry.
+                        normalize(rec, &mut old);
+                    }
+                } else if is_root {
+                    // A one-key root (only with root-only watches): its
+                    // watch is the tree's, and it stays as the new root's
+                    // child, unchanged, so closing the watch is enough.
+                    rec.nodes.push(old.clone());
                 }
                 slot.place(depth + cp, old);
                 self.len += 1;
                 if !is_root {
                     finger.set(NonNull::from(slot), key, depth);
                 }
+                return Ok(None);
+            }
+            if is_root && self.len == 0 && !rec.all {
+                // The first key of a tree with root-only watches becomes its
+                // root: a one-key tree is one leaf, and a transaction that
+                // rewrites its key copies and frees no inner node. (With
+                // per-node watches the root stays an inner node, whose
+                // watch must not fire for a change to that key.)
+                let leaf = Child::leaf(key, f(None));
+                rec.nodes.push(std::mem::replace(slot, leaf));
+                // The old root leaves the tree: no finger may point into it.
+                finger.clear();
+                self.len = 1;
                 return Ok(None);
             }
             rec.make_mut(slot, is_root);
@@ -291,7 +315,7 @@ impl<V: Clone> Txn<V> {
                     unreachable!("a private inner node")
                 };
                 return Ok(match term {
-                    Some(leaf) => Some(replace_leaf(rec, leaf, key, f)),
+                    Some(leaf) => Some(replace_leaf(rec, leaf, key, f, false)),
                     None => {
                         *term = Some(Child::leaf(key, f(None)));
                         self.len += 1;
@@ -332,6 +356,9 @@ impl<V: Clone> Txn<V> {
 
     /// Removes `key`; returns its value.
     pub fn delete(&mut self, key: &[u8]) -> Option<V> {
+        if self.root.is_leaf() {
+            return self.delete_root_leaf(key);
+        }
         let rec = &mut self.rec;
         let finger = &mut self.finger;
         // SAFETY: the slot is borrowed for no longer than `&mut self`.
@@ -397,6 +424,21 @@ impl<V: Clone> Txn<V> {
                 }
             }
         }
+    }
+
+    /// [`Txn::delete`] in a one-key tree whose root is its leaf: the tree
+    /// becomes empty.
+    #[cold]
+    fn delete_root_leaf(&mut self, key: &[u8]) -> Option<V> {
+        if !crate::bytes::eq(self.root.bytes(), key) {
+            return None;
+        }
+        let old = std::mem::replace(&mut self.root, Child::empty_inner(&[]));
+        let value = leaf_value(&old);
+        self.rec.nodes.push(old);
+        self.finger.clear();
+        self.len = 0;
+        Some(value)
     }
 
     /// The value under `key`, this transaction's writes included.
@@ -604,12 +646,14 @@ fn borrowed_leaf_replacement<V: Clone, F: FnOnce(Option<&V>) -> V>(
     (old, new)
 }
 
-/// Replaces the value of the leaf in `slot`; returns the old value.
+/// Replaces the value of the leaf in `slot` (the tree's root when
+/// `is_root`); returns the old value.
 fn replace_leaf<V: Clone, F: FnOnce(Option<&V>) -> V>(
     rec: &mut Recorder<V>,
     slot: &mut Child<V>,
     key: &[u8],
     f: F,
+    is_root: bool,
 ) -> V {
     if let Some(NodeMut::Leaf(leaf)) = slot.get_mut() {
         if let Some(w) = leaf.h.watch.take() {
@@ -620,15 +664,25 @@ fn replace_leaf<V: Clone, F: FnOnce(Option<&V>) -> V>(
     }
     let new = f(slot.leaf_value());
     let old = std::mem::replace(slot, Child::leaf(key, new));
+    if is_root {
+        // A superseded root's watch fires even when only the root is watched.
+        let value = leaf_value(&old);
+        rec.nodes.push(old);
+        return value;
+    }
     take_value(old, rec)
+}
+
+fn leaf_value<V: Clone>(leaf: &Child<V>) -> V {
+    match leaf.leaf_value() {
+        Some(v) => v.clone(),
+        None => unreachable!("removed entries are leaves"),
+    }
 }
 
 /// The value of a leaf leaving the tree (cloned: older snapshots may share it).
 fn take_value<V: Clone>(leaf: Child<V>, rec: &mut Recorder<V>) -> V {
-    let value = match leaf.leaf_value() {
-        Some(v) => v.clone(),
-        None => unreachable!("removed entries are leaves"),
-    };
+    let value = leaf_value(&leaf);
     rec.removed(leaf);
     value
 }

@@ -651,3 +651,44 @@ fn shared_versions_dropped_on_many_threads_free_each_node_once() {
         assert_eq!(live.load(std::sync::atomic::Ordering::SeqCst), 0);
     }
 }
+
+/// Regression (found 2026-12-02 by `root_only_watch_fires_through_one_key_trees`):
+/// a root left with one entry by deletes, split by a key outside its
+/// segment, became an inner node of one entry below the new root.
+#[test]
+fn a_root_of_one_entry_split_off_merges_into_it() {
+    for opts in [
+        Options::default(),
+        Options {
+            root_only_watch: true,
+        },
+    ] {
+        // Root segment [0] (compressed) with one leaf, then only a terminal.
+        for (keys, gone) in [
+            ([[0u8, 0], [0, 1]].as_slice(), [0u8, 0].as_slice()),
+            (&[[0, 0], [0, 1]], &[0, 1]),
+        ] {
+            let mut t: Tree<u32> = Tree::with_options(opts);
+            for k in keys {
+                t = t.insert(k, 1).unwrap().0;
+            }
+            t = t.insert(&[0], 2).unwrap().0;
+            t = t.delete(gone).0;
+            t = t.delete(&[0]).0;
+            check(&t).unwrap();
+            t = t.insert(&[1], 3).unwrap().0;
+            check(&t).unwrap();
+            assert_eq!(t.len(), 2);
+            assert_eq!(t.get(&[1]), Some(&3));
+        }
+        // A root with only its terminal.
+        let mut t: Tree<u32> = Tree::with_options(opts);
+        for k in [&[0u8][..], &[0, 1]] {
+            t = t.insert(k, 1).unwrap().0;
+        }
+        t = t.delete(&[0, 1]).0;
+        t = t.insert(&[1], 3).unwrap().0;
+        check(&t).unwrap();
+        assert_eq!(t.iter().count(), 2);
+    }
+}
