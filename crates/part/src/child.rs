@@ -58,8 +58,16 @@ const fn layout<T>() -> (Layout, usize) {
 /// initialised) node's address.
 fn alloc<T>() -> NonNull<T> {
     let (layout, off) = layout::<T>();
-    // SAFETY: the layout has a non-zero size (it holds the count).
-    let base = unsafe { std::alloc::alloc(layout) };
+    let cached = if layout.size() >= crate::big::MIN {
+        crate::big::take(layout)
+    } else {
+        None
+    };
+    let base = match cached {
+        Some(p) => p.as_ptr(),
+        // SAFETY: the layout has a non-zero size (it holds the count).
+        None => unsafe { std::alloc::alloc(layout) },
+    };
     if base.is_null() {
         handle_alloc_error(layout);
     }
@@ -133,7 +141,14 @@ unsafe fn free<T>(node: *mut T) {
     // an allocation of `layout` that starts `off` bytes before it.
     unsafe {
         std::ptr::drop_in_place(node);
-        std::alloc::dealloc(node.cast::<u8>().sub(off), layout);
+        let base = node.cast::<u8>().sub(off);
+        // The block holds no value now; `alloc` made it with `layout`.
+        if layout.size() >= crate::big::MIN
+            && crate::big::give(NonNull::new_unchecked(base), layout)
+        {
+            return;
+        }
+        std::alloc::dealloc(base, layout);
     }
 }
 

@@ -33,6 +33,7 @@
 //! ```
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 
+mod big;
 mod bytes;
 mod child;
 mod finger;
