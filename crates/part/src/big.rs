@@ -29,6 +29,9 @@ const KEPT: usize = 8;
 struct Cache {
     blocks: [Option<(NonNull<u8>, Layout)>; KEPT],
     len: usize,
+    /// Blocks handed out again and their bytes, for the benches' allocation
+    /// counts ([`reused`]).
+    reused: (u64, u64),
 }
 
 impl Drop for Cache {
@@ -43,7 +46,7 @@ impl Drop for Cache {
 
 thread_local! {
     static CACHE: RefCell<Cache> = const {
-        RefCell::new(Cache { blocks: [None; KEPT], len: 0 })
+        RefCell::new(Cache { blocks: [None; KEPT], len: 0, reused: (0, 0) })
     };
 }
 
@@ -60,10 +63,20 @@ pub(crate) fn take(layout: Layout) -> Option<NonNull<u8>> {
             let (p, _) = c.blocks[i].take()?;
             c.blocks.swap(i, len - 1);
             c.len = len - 1;
+            c.reused.0 += 1;
+            c.reused.1 += layout.size() as u64;
             Some(p)
         })
         .ok()
         .flatten()
+}
+
+/// How many blocks this thread took from its cache instead of the
+/// allocator, and their bytes (a counting allocator does not see them).
+pub(crate) fn reused() -> (u64, u64) {
+    CACHE
+        .try_with(|c| c.try_borrow().map_or((0, 0), |c| c.reused))
+        .unwrap_or((0, 0))
 }
 
 /// Keeps a freed block for a later [`take`]; false (the caller frees it)
@@ -100,10 +113,12 @@ mod tests {
         let other = Layout::from_size_align(4096, 8).unwrap();
         // SAFETY: a fresh allocation of `big`, handed over whole.
         let p = NonNull::new(unsafe { std::alloc::alloc(big) }).unwrap();
+        let (n0, b0) = reused();
         assert!(unsafe { give(p, big) });
         assert_eq!(take(other), None);
         assert_eq!(take(big), Some(p));
         assert_eq!(take(big), None);
+        assert_eq!(reused(), (n0 + 1, b0 + 2048));
         // SAFETY: `take` handed the block back; it is freed once.
         unsafe { std::alloc::dealloc(p.as_ptr(), big) };
     }

@@ -124,6 +124,13 @@ pub(crate) fn check_root<V>(root: &Child<V>, len: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Allocations this thread's node256 copies took from the per-thread
+/// cache of freed blocks instead of the global allocator, and their bytes:
+/// a counting allocator must add them to count what the tree allocated.
+pub fn blocks_reused() -> (u64, u64) {
+    crate::big::reused()
+}
+
 /// Node counts by kind: `[leaf, node4, node16, node48, node256]`.
 pub fn kinds<V>(tree: &Tree<V>) -> [usize; 5] {
     let mut out = [0usize; 5];
