@@ -10,9 +10,11 @@
 //! 2026-12-02). Handing a freed node256's block to the next one skips the
 //! large request; other allocators lose nothing but a thread-local lookup.
 //!
-//! A block enters only through [`give`], with the layout it was allocated
-//! with, and leaves through [`take`] for that same layout or is freed when
-//! its thread exits.
+//! [`alloc`] and [`dealloc`] stand for the global allocator's: blocks
+//! smaller than [`MIN`] go straight to it (the test folds away for each
+//! node kind's constant layout). A block enters the cache only through
+//! [`give`], with the layout it was allocated with, and leaves through
+//! [`take`] for that same layout or is freed when its thread exits.
 
 use std::alloc::Layout;
 use std::cell::RefCell;
@@ -20,7 +22,45 @@ use std::ptr::NonNull;
 
 /// Allocations at least this large are cached (glibc's smallest request
 /// that consolidates is 1024 bytes).
-pub(crate) const MIN: usize = 1024;
+const MIN: usize = 1024;
+
+/// `std::alloc::alloc`, served from this thread's cache when it holds a
+/// freed block of `layout`.
+///
+/// # Safety
+/// As `std::alloc::alloc`: `layout` has a non-zero size.
+#[inline(always)]
+pub(crate) unsafe fn alloc(layout: Layout) -> *mut u8 {
+    if layout.size() >= MIN {
+        if let Some(p) = take(layout) {
+            return p.as_ptr();
+        }
+    }
+    // SAFETY: forwarded.
+    unsafe { std::alloc::alloc(layout) }
+}
+
+/// `std::alloc::dealloc`, keeping a large block in this thread's cache
+/// when there is room.
+///
+/// # Safety
+/// As `std::alloc::dealloc`: `p` came from [`alloc`] with `layout` and
+/// holds no live value.
+#[inline(always)]
+pub(crate) unsafe fn dealloc(p: *mut u8, layout: Layout) {
+    if layout.size() >= MIN {
+        if let Some(nn) = NonNull::new(p) {
+            // SAFETY: forwarded; the block, allocated with `layout` by the
+            // global allocator (directly or through the cache), is the
+            // caller's to give away.
+            if unsafe { give(nn, layout) } {
+                return;
+            }
+        }
+    }
+    // SAFETY: forwarded.
+    unsafe { std::alloc::dealloc(p, layout) }
+}
 
 /// Blocks kept per thread: a write to a 100k-key tree copies up to four
 /// node256s, and a 1000-key rewrite five.
@@ -52,7 +92,7 @@ thread_local! {
 
 /// A cached block of exactly `layout`, if this thread has one.
 #[inline]
-pub(crate) fn take(layout: Layout) -> Option<NonNull<u8>> {
+fn take(layout: Layout) -> Option<NonNull<u8>> {
     CACHE
         .try_with(|c| {
             let mut c = c.try_borrow_mut().ok()?;
@@ -86,7 +126,7 @@ pub(crate) fn reused() -> (u64, u64) {
 /// `p` was allocated by the global allocator with `layout`, holds no live
 /// value, and nothing else refers to it.
 #[inline]
-pub(crate) unsafe fn give(p: NonNull<u8>, layout: Layout) -> bool {
+unsafe fn give(p: NonNull<u8>, layout: Layout) -> bool {
     CACHE
         .try_with(|c| {
             let Ok(mut c) = c.try_borrow_mut() else {

@@ -20,9 +20,9 @@
 //! happens before the free. A release that finds the count at 1 (an
 //! `Acquire` load) holds the only reference and frees without decrementing:
 //! nothing else can touch the count, and the load orders earlier releases
-//! before the free as the fence does. The uniqueness test is an `Acquire` load, so
-//! writes made through references released since are visible before the
-//! node is mutated in place.
+//! before the free as the fence does. The uniqueness test is an `Acquire`
+//! load, so writes made through references released since are visible
+//! before the node is mutated in place.
 //!
 //! All of this module's unsafe code relies on one invariant: a `NodeRc<T>`
 //! (and a `Child` tagged with `T`'s kind) points to a live `T` allocated by
@@ -58,16 +58,8 @@ const fn layout<T>() -> (Layout, usize) {
 /// initialised) node's address.
 fn alloc<T>() -> NonNull<T> {
     let (layout, off) = layout::<T>();
-    let cached = if layout.size() >= crate::big::MIN {
-        crate::big::take(layout)
-    } else {
-        None
-    };
-    let base = match cached {
-        Some(p) => p.as_ptr(),
-        // SAFETY: the layout has a non-zero size (it holds the count).
-        None => unsafe { std::alloc::alloc(layout) },
-    };
+    // SAFETY: the layout has a non-zero size (it holds the count).
+    let base = unsafe { crate::big::alloc(layout) };
     if base.is_null() {
         handle_alloc_error(layout);
     }
@@ -141,14 +133,7 @@ unsafe fn free<T>(node: *mut T) {
     // an allocation of `layout` that starts `off` bytes before it.
     unsafe {
         std::ptr::drop_in_place(node);
-        let base = node.cast::<u8>().sub(off);
-        // The block holds no value now; `alloc` made it with `layout`.
-        if layout.size() >= crate::big::MIN
-            && crate::big::give(NonNull::new_unchecked(base), layout)
-        {
-            return;
-        }
-        std::alloc::dealloc(base, layout);
+        crate::big::dealloc(node.cast::<u8>().sub(off), layout);
     }
 }
 
