@@ -4,6 +4,8 @@
 //! `cargo run --release -p part --example workload -- insert 200`
 
 use part::{Options, Tree};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 
 fn key(i: u32) -> [u8; 4] {
     (1000 + i).to_be_bytes()
@@ -20,12 +22,9 @@ fn big_and_order() -> &'static (Tree<u64>, Vec<u64>) {
         for k in 0..100_000u64 {
             t.insert(&k.to_be_bytes(), k).unwrap();
         }
-        // A fixed permutation (multiplication by an odd constant mod 2^17,
-        // keeping the values below 100k).
-        let order = (0..1u64 << 17)
-            .map(|i| i.wrapping_mul(0x9e37_79b1) & ((1 << 17) - 1))
-            .filter(|&k| k < 100_000)
-            .collect();
+        // The bench's order: a seeded shuffle.
+        let mut order: Vec<u64> = (0..100_000).collect();
+        order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(1));
         (t.commit(), order)
     })
 }

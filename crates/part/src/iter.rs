@@ -8,7 +8,10 @@
 
 use std::ops::Bound;
 
-use crate::node::{Bytes, Child, Kind, Leaf};
+use crate::node::{Child, Kind, Leaf};
+
+/// An owned bound or prefix.
+type Bytes = smallvec::SmallVec<[u8; 16]>;
 
 /// Which keys a scan visits.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -10,8 +10,6 @@
 //! value whose key ends at an inner node is that node's `terminal` leaf, so
 //! it has a watch of its own.
 
-use smallvec::SmallVec;
-
 pub(crate) use crate::child::{Child, Kind, NodeRc};
 use crate::lazy::LazyWatch;
 use crate::patches::Patches;
@@ -19,8 +17,7 @@ use crate::simd;
 use crate::slots::Slots256;
 use crate::watch::WatchInner;
 
-/// Key bytes: up to 16 bytes inline, longer keys on the heap.
-pub(crate) type Bytes = SmallVec<[u8; 16]>;
+pub(crate) use crate::bytes::Bytes;
 
 /// Node kinds grow when full (4 -> 16 -> 48 -> 256) ...
 pub(crate) const N4_MAX: usize = 4;
@@ -339,9 +336,10 @@ impl<'a, V> Kind<'a, V> {
         each!(self, n => &n.h)
     }
 
+    /// `bytes().len()`, without building the slice.
     #[inline(always)]
-    pub(crate) fn bytes(self) -> &'a [u8] {
-        &self.header().bytes
+    pub(crate) fn seg_len(self) -> usize {
+        self.header().bytes.len()
     }
 
     #[inline]
@@ -405,6 +403,18 @@ impl<V> Child<V> {
     #[inline(always)]
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.header().bytes
+    }
+
+    /// `bytes().len()`, without building the slice.
+    #[inline(always)]
+    pub(crate) fn seg_len(&self) -> usize {
+        self.header().bytes.len()
+    }
+
+    /// Whether this node's key (a leaf) or segment equals `key`.
+    #[inline(always)]
+    pub(crate) fn bytes_eq(&self, key: &[u8]) -> bool {
+        self.header().bytes.eq_key(key)
     }
 
     #[inline(always)]
@@ -818,7 +828,7 @@ impl<V> Child<V> {
     /// Places `child` under this (private) node whose children start at
     /// `depth`: as the terminal when its key ends there, else under its byte.
     pub(crate) fn place(&mut self, depth: usize, child: Child<V>) {
-        if child.is_leaf() && child.bytes().len() == depth {
+        if child.is_leaf() && child.seg_len() == depth {
             if let Some(t) = self.get_mut().and_then(NodeMut::terminal_mut) {
                 *t = Some(child);
             }

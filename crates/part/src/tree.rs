@@ -227,7 +227,7 @@ pub(crate) fn range_scan<'k, R: RangeBounds<&'k [u8]>>(range: &R) -> ScanRef<'k>
 /// leaf with another key.
 #[inline]
 pub(crate) fn get<'a, V>(root: &'a Child<V>, key: &[u8]) -> Option<&'a V> {
-    get_below(root, key, root.bytes().len())
+    get_below(root, key, root.seg_len())
 }
 
 /// [`get`] from a node whose segment (a root leaf: its key) ends at `depth`
@@ -251,13 +251,13 @@ pub(crate) fn get_below<'a, V>(node: &'a Child<V>, key: &[u8], depth: usize) -> 
                     _ => return None,
                 },
             };
-            return bytes::eq(&l.h.bytes, key).then_some(&l.value);
+            return l.h.bytes.eq_key(key).then_some(&l.value);
         };
         let child = node.find_child(b)?.kind();
         if let Kind::Leaf(l) = child {
-            return bytes::eq(&l.h.bytes, key).then_some(&l.value);
+            return l.h.bytes.eq_key(key).then_some(&l.value);
         }
-        depth += child.bytes().len();
+        depth += child.seg_len();
         node = child;
     }
 }
@@ -269,7 +269,7 @@ pub(crate) fn get_with_node<'a, V>(
     key: &[u8],
 ) -> (Option<&'a V>, &'a Child<V>) {
     if let Kind::Leaf(l) = root.kind() {
-        return (bytes::eq(&l.h.bytes, key).then_some(&l.value), root);
+        return (l.h.bytes.eq_key(key).then_some(&l.value), root);
     }
     let mut node = root;
     let mut depth = 0;
@@ -288,7 +288,7 @@ pub(crate) fn get_with_node<'a, V>(
             return (None, node);
         };
         if let Kind::Leaf(l) = child.kind() {
-            return if bytes::eq(&l.h.bytes, key) {
+            return if l.h.bytes.eq_key(key) {
                 (Some(&l.value), child)
             } else {
                 (None, node)

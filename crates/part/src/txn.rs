@@ -249,7 +249,7 @@ impl<V: Clone> Txn<V> {
             // Where does the key leave the path through this node?
             let split = match slot.kind() {
                 Kind::Leaf(l) => {
-                    if crate::bytes::eq(&l.h.bytes, key) {
+                    if l.h.bytes.eq_key(key) {
                         let old = replace_leaf(rec, slot, key, f, is_root);
                         if let Some((p, d)) = parent {
                             finger.set(p, key, d);
@@ -270,10 +270,8 @@ impl<V: Clone> Txn<V> {
                 if !old.is_leaf() {
                     // A root split off is superseded: its watch must fire
                     // even when only the root is watched.
-                    rec.make_mut(&mut old, is_root)
-                        .header_mut()
-                        .bytes
-                        .drain(..cp);
+                    let h = rec.make_mut(&mut old, is_root).header_mut();
+                    h.bytes = crate::bytes::small(h.bytes.get(cp..).unwrap_or_default());
                     if is_root {
                         // Only a root may hold fewer than two entries (a
                         // delete left it so): below the new root it merges
@@ -308,7 +306,7 @@ impl<V: Clone> Txn<V> {
             }
             rec.make_mut(slot, is_root);
             let top = depth;
-            depth += slot.bytes().len();
+            depth += slot.seg_len();
             if depth == key.len() {
                 let term = slot.get_mut().and_then(NodeMut::terminal_mut);
                 let Some(term) = term else {
@@ -336,7 +334,7 @@ impl<V: Clone> Txn<V> {
             if slot.borrows_child(b) {
                 let found = slot.find_child(b).map(|c| c.kind());
                 if let Some(Kind::Leaf(l)) = found {
-                    if crate::bytes::eq(&l.h.bytes, key) {
+                    if l.h.bytes.eq_key(key) {
                         let (old, new) = borrowed_leaf_replacement(rec, slot, b, key, f);
                         slot.replace_borrowed(b, Some(new));
                         if !is_root {
@@ -376,14 +374,14 @@ impl<V: Clone> Txn<V> {
         }
         // Look before copying: deleting a missing key must copy no node and
         // fire no watch. The second walk finds its nodes in cache.
-        get_below(slot, key, depth + slot.bytes().len())?;
+        get_below(slot, key, depth + slot.seg_len())?;
         loop {
             let top = depth;
             // Some((value, leaf to record)) once the key's leaf is unlinked
             // from this node; None to descend.
             let unlinked = {
                 rec.make_mut(slot, is_root);
-                depth += slot.bytes().len();
+                depth += slot.seg_len();
                 if depth == key.len() {
                     let leaf = slot
                         .get_mut()
@@ -416,7 +414,7 @@ impl<V: Clone> Txn<V> {
                         // An empty tree's root keeps no path: a later key
                         // would otherwise split it into an empty inner node.
                         if let Some(n) = slot.get_mut() {
-                            n.header_mut().bytes.clear();
+                            n.header_mut().bytes = Default::default();
                         }
                     }
                     self.len -= 1;
@@ -446,9 +444,7 @@ impl<V: Clone> Txn<V> {
         // SAFETY: the node is borrowed for no longer than `&self`.
         match unsafe { self.finger.peek(key) } {
             // From the last write's leaf parent, as a write would start.
-            Some((node, depth)) if !node.is_leaf() => {
-                get_below(node, key, depth + node.bytes().len())
-            }
+            Some((node, depth)) if !node.is_leaf() => get_below(node, key, depth + node.seg_len()),
             _ => get(&self.root, key),
         }
     }
@@ -597,7 +593,7 @@ fn flat_step<V>(slot: &mut Child<V>, key: &[u8], depth: usize) -> Option<(Flat, 
     let b = key[d];
     let step = match n.slots.get(b).map(|c| c.kind()) {
         None => Flat::Add,
-        Some(Kind::Leaf(l)) if crate::bytes::eq(&l.h.bytes, key) => {
+        Some(Kind::Leaf(l)) if l.h.bytes.eq_key(key) => {
             if n.slots.is_borrowed(b) {
                 Flat::ReplaceBorrowed
             } else {
@@ -711,13 +707,13 @@ fn delete_in_place<V: Clone>(
         if !slot.get_mut()?.header_mut().watch.is_unset() {
             return None;
         }
-        depth += slot.bytes().len();
+        depth += slot.seg_len();
         let &b = key.get(depth)?;
         let Some(child) = slot.find_child(b) else {
             return Some(None);
         };
         if child.is_leaf() {
-            if !crate::bytes::eq(child.bytes(), key) {
+            if !child.bytes_eq(key) {
                 return Some(None);
             }
             if is_root {
@@ -778,10 +774,9 @@ fn pass_to_child<V: Clone>(rec: &mut Recorder<V>, slot: &mut Child<V>, b: u8) {
         let Some(node) = slot.get_mut() else {
             unreachable!("a private node")
         };
-        let mut joined = std::mem::take(&mut node.header_mut().bytes);
+        let front = std::mem::take(&mut node.header_mut().bytes);
         let c = rec.make_mut(&mut child, false).header_mut();
-        joined.extend_from_slice(&c.bytes);
-        c.bytes = joined;
+        c.bytes = crate::bytes::Bytes::concat(&front, &c.bytes);
     }
     *slot = child;
 }
