@@ -266,7 +266,7 @@ impl<T: Storable> Changes<T> {
                 View::Root(root)
                     .by_revision(self.pos + 1, &self.table.inner.meta)
                     .peekable(),
-                root.graveyard.range(from..).peekable(),
+                root.rare.graveyard.range(from..).peekable(),
             )
         });
         let end = root.revision.max(self.pos);

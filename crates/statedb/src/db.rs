@@ -17,7 +17,7 @@ use crate::key::KeyLayout;
 use crate::line::CacheLine;
 use crate::metrics::TableMetrics;
 use crate::table::{
-    AnyTable, Finished, Storable, Table, TableInner, TableMeta, TableRoot, WriterState,
+    AnyTable, Finished, Rare, Storable, Table, TableInner, TableMeta, TableRoot, WriterState,
 };
 use crate::txn::{Locked, ReadTxn, Reader, WriteTxn};
 use crate::{Error, Result, Revision};
@@ -83,6 +83,30 @@ pub(crate) trait TableOps: Send + Sync {
     fn collect(&self, db: &DbInner) -> usize;
 }
 
+/// The latest committed roots, and how many times they were replaced, on
+/// one line: a [`Reader`] whose snapshot is current learns so from one
+/// plain load of the count, without the `ArcSwap` load's two locked
+/// instructions on its debt slot (a slot every commit's swap also reads).
+pub(crate) struct Published {
+    pub(crate) roots: ArcSwap<Roots>,
+    /// Bumped after every swap of `roots`, under the commit lock.
+    pub(crate) version: AtomicU64,
+}
+
+impl Published {
+    /// Replaces the roots (the caller holds the commit lock); returns the
+    /// old ones.
+    fn swap(&self, new: Arc<Roots>) -> Arc<Roots> {
+        let old = self.roots.swap(new);
+        // Release: a reader that loads (Acquire) the new count loads the
+        // new roots, or newer ones, after it. The commit lock orders
+        // writers, so a load and a store make the increment.
+        let v = self.version.load(Ordering::Relaxed);
+        self.version.store(v.wrapping_add(1), Ordering::Release);
+        old
+    }
+}
+
 /// Aligned so that the `Arc`'s counts (written by every write transaction)
 /// do not share a line with the fields readers load on every read.
 #[repr(align(128))]
@@ -90,7 +114,7 @@ pub(crate) struct DbInner {
     pub(crate) uid: u64,
     /// Alone on its lines: the commit lock, the retired list and the
     /// counts beside it are written far more often than it changes.
-    pub(crate) root: CacheLine<ArcSwap<Roots>>,
+    pub(crate) root: CacheLine<Published>,
     commit_lock: Mutex<()>,
     pub(crate) tables: RwLock<Vec<Arc<dyn TableOps>>>,
     gc_thread: Mutex<Option<Thread>>,
@@ -180,7 +204,10 @@ impl Db {
         let _ = Instant::now();
         let inner = Arc::new(DbInner {
             uid: NEXT_DB.fetch_add(1, Ordering::Relaxed),
-            root: CacheLine(ArcSwap::from_pointee(Vec::new())),
+            root: CacheLine(Published {
+                roots: ArcSwap::from_pointee(Vec::new()),
+                version: AtomicU64::new(0),
+            }),
             commit_lock: Mutex::new(()),
             tables: RwLock::new(Vec::new()),
             gc_thread: Mutex::new(None),
@@ -269,9 +296,9 @@ impl Db {
         });
         {
             let _g = self.inner.commit_lock.lock();
-            let mut roots: Roots = (**self.inner.root.load()).clone();
+            let mut roots: Roots = (**self.inner.root.roots.load()).clone();
             roots.push(Arc::new(TableRoot::<T>::new(n)));
-            self.inner.root.store(Arc::new(roots));
+            drop(self.inner.root.swap(Arc::new(roots)));
         }
         tables.push(inner.clone());
         Ok(Table { inner })
@@ -282,15 +309,18 @@ impl Db {
     pub fn read_txn(&self) -> ReadTxn {
         ReadTxn {
             db_uid: self.inner.uid,
-            roots: self.inner.root.load_full(),
+            roots: self.inner.root.roots.load_full(),
         }
     }
 
     /// A per-thread [`Reader`]: fresh snapshots without shared
     /// reference-count traffic while nothing is committed.
     pub fn reader(&self) -> Reader {
+        // The count first: the snapshot is then at least as new as it.
+        let version = self.inner.root.version.load(Ordering::Acquire);
         Reader {
             db: self.inner.clone(),
+            version,
             txn: self.read_txn(),
         }
     }
@@ -336,7 +366,7 @@ impl Db {
         }
         Ok(WriteTxn {
             db: self.inner.clone(),
-            base: self.inner.root.load_full(),
+            base: self.inner.root.roots.load_full(),
             locked,
             done: false,
             poisoned: false,
@@ -351,7 +381,7 @@ impl Db {
 
     /// Figures for every table.
     pub fn stats(&self) -> Vec<TableStats> {
-        let roots = self.inner.root.load_full();
+        let roots = self.inner.root.roots.load_full();
         self.inner
             .tables
             .read()
@@ -458,7 +488,7 @@ impl DbInner {
     pub(crate) fn publish_one(&self, id: usize, root: Arc<dyn Any + Send + Sync>) {
         let old = {
             let _g = self.commit_lock.lock();
-            let mut roots: Roots = (**self.root.load()).clone();
+            let mut roots: Roots = (**self.root.roots.load()).clone();
             roots[id] = root;
             self.root.swap(Arc::new(roots))
         };
@@ -481,12 +511,14 @@ impl DbInner {
             }
         }
         let (roots, old) = if done.is_empty() {
-            (db.root.load_full(), None)
+            (db.root.roots.load_full(), None)
         } else {
             let _g = db.commit_lock.lock();
-            let mut roots: Roots = (**db.root.load()).clone();
-            for (i, f) in done.iter() {
-                roots[locked[*i].meta.id] = f.root.clone();
+            let mut roots: Roots = (**db.root.roots.load()).clone();
+            for (i, f) in done.iter_mut() {
+                if let Some(r) = f.root.take() {
+                    roots[locked[*i].meta.id] = r;
+                }
             }
             let roots = Arc::new(roots);
             let old = db.root.swap(roots.clone());
@@ -533,7 +565,7 @@ impl<T: Storable> TableOps for TableInner<T> {
             Some(r) => (
                 r.indexes[0].len(),
                 r.revision,
-                r.graveyard.len(),
+                r.rare.graveyard.len(),
                 r.revisions.is_some(),
             ),
             None => (0, 0, 0, false),
@@ -546,20 +578,20 @@ impl<T: Storable> TableOps for TableInner<T> {
             roots
                 .get(id)
                 .and_then(|r| r.downcast_ref::<TableRoot<T>>())
-                .is_none_or(|r| r.graveyard.is_empty())
+                .is_none_or(|r| r.rare.graveyard.is_empty())
         };
-        if empty(&db.root.load()) {
+        if empty(&db.root.roots.load()) {
             return 0;
         }
         let mut guard = self.meta.lock.lock();
         let low = guard.low_watermark();
-        let roots = db.root.load_full();
+        let roots = db.root.roots.load_full();
         let Some(root) = roots.get(id).and_then(|r| r.downcast_ref::<TableRoot<T>>()) else {
             return 0;
         };
-        let mut txn = root.graveyard.txn();
+        let mut txn = root.rare.graveyard.txn();
         let mut n = 0;
-        for (k, _) in root.graveyard.iter() {
+        for (k, _) in root.rare.graveyard.iter() {
             let rev = crate::changes::decode_rev(k);
             if low.is_some_and(|l| rev > l) {
                 break;
@@ -573,7 +605,11 @@ impl<T: Storable> TableOps for TableInner<T> {
         let (graveyard, notifier) = txn.commit_only();
         let left = graveyard.len();
         let mut new_root = root.clone();
-        new_root.graveyard = graveyard;
+        new_root.rare = Arc::new(Rare {
+            graveyard,
+            init: root.rare.init.clone(),
+            pending: root.rare.pending.clone(),
+        });
         db.publish_one(id, Arc::new(new_root));
         drop(guard);
         drop(notifier);

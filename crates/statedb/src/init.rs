@@ -46,9 +46,9 @@ impl<T: Storable> Table<T> {
         };
         let id = writer.next_init_id;
         writer.next_init_id += 1;
-        Arc::make_mut(&mut state.pending).push((id, name.to_string()));
-        if state.init.get(b"").is_none() {
-            state.init.txn().insert(b"", ())?;
+        state.pending_mut().push((id, name.to_string()));
+        if state.init.get(&state.rare().init, b"").is_none() {
+            state.init_txn().insert(b"", ())?;
         }
         Ok(Initializer {
             table_uid: uid,
@@ -70,12 +70,12 @@ impl<T: Storable> Table<T> {
         let Some(state) = state else {
             return Err(Error::TableNotLocked(self.name().to_string()));
         };
-        let Some(pos) = state.pending.iter().position(|(id, _)| *id == init.id) else {
+        let Some(pos) = state.pending().iter().position(|(id, _)| *id == init.id) else {
             return Err(Error::InitializerDone(init.name.clone()));
         };
-        Arc::make_mut(&mut state.pending).remove(pos);
-        if state.pending.is_empty() {
-            state.init.txn().delete(b"");
+        state.pending_mut().remove(pos);
+        if state.pending().is_empty() {
+            state.init_txn().delete(b"");
         }
         Ok(())
     }
@@ -98,7 +98,7 @@ impl<T: Storable> Table<T> {
     /// [`Table::initialized`] and a watch that fires when it may change.
     pub fn initialized_watch(&self, txn: &ReadTxn) -> Result<(bool, Watch)> {
         let root = txn.root(self)?;
-        let (_, w) = root.init.get_watch(b"");
-        Ok((root.pending.is_empty(), w))
+        let (_, w) = root.rare.init.get_watch(b"");
+        Ok((root.rare.pending.is_empty(), w))
     }
 }

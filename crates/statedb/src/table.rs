@@ -170,12 +170,20 @@ pub struct TableRoot<T> {
     /// first use (a change-stream consumer, a revision-order read) and
     /// kept from then on; until then writes skip it.
     pub(crate) revisions: Option<Tree<Obj<T>>>,
+    pub(crate) revision: Revision,
+    pub(crate) rare: Arc<Rare<T>>,
+}
+
+/// The parts of a table's state few transactions write, behind one count:
+/// a transaction that leaves them alone takes and hands on one reference
+/// instead of three (each a locked instruction on a line other writers
+/// and the freeing of old roots also touch).
+pub(crate) struct Rare<T> {
     /// Delete revision (big-endian) -> deleted object.
     pub(crate) graveyard: Tree<Obj<T>>,
-    pub(crate) revision: Revision,
     /// Holds the key `b""` while some initializer is pending.
     pub(crate) init: Tree<()>,
-    pub(crate) pending: Arc<Vec<(u64, String)>>,
+    pub(crate) pending: Vec<(u64, String)>,
 }
 
 impl<T> TableRoot<T> {
@@ -191,10 +199,8 @@ impl<T> Clone for TableRoot<T> {
         TableRoot {
             indexes: self.indexes.clone(),
             revisions: self.revisions.clone(),
-            graveyard: self.graveyard.clone(),
             revision: self.revision,
-            init: self.init.clone(),
-            pending: self.pending.clone(),
+            rare: self.rare.clone(),
         }
     }
 }
@@ -210,10 +216,12 @@ impl<T> TableRoot<T> {
         TableRoot {
             indexes: (0..n_indexes).map(|_| Tree::new()).collect(),
             revisions: None,
-            graveyard: Tree::with_options(root_only()),
             revision: 0,
-            init: Tree::new(),
-            pending: Arc::new(Vec::new()),
+            rare: Arc::new(Rare {
+                graveyard: Tree::with_options(root_only()),
+                init: Tree::new(),
+                pending: Vec::new(),
+            }),
         }
     }
 }
@@ -287,8 +295,8 @@ impl<'a, T> View<'a, T> {
     }
     pub(crate) fn graveyard(&self) -> TreeRef<'a, Obj<T>> {
         match *self {
-            View::Root(r) => TreeRef::Tree(&r.graveyard),
-            View::Txn(t) => t.graveyard.view(),
+            View::Root(r) => TreeRef::Tree(&r.rare.graveyard),
+            View::Txn(t) => t.graveyard.view(&t.rare().graveyard),
         }
     }
     pub(crate) fn revision(&self) -> Revision {
@@ -299,8 +307,8 @@ impl<'a, T> View<'a, T> {
     }
     pub(crate) fn pending(&self) -> &'a [(u64, String)] {
         match *self {
-            View::Root(r) => &r.pending,
-            View::Txn(t) => &t.pending,
+            View::Root(r) => &r.rare.pending,
+            View::Txn(t) => t.pending(),
         }
     }
 }
@@ -313,18 +321,48 @@ pub struct TableTxn<T> {
     pub(crate) indexes: SmallVec<[TreeTxn<Obj<T>>; 2]>,
     /// `None` while the table has no revision index.
     pub(crate) revisions: Option<TreeTxn<Obj<T>>>,
-    pub(crate) graveyard: LazyTxn<Obj<T>>,
     pub(crate) revision: Revision,
+    /// The committed rare parts; taken by the commit (`None` after it).
+    rare: Option<Arc<Rare<T>>>,
+    pub(crate) graveyard: LazyTxn<Obj<T>>,
     pub(crate) init: LazyTxn<()>,
-    pub(crate) pending: Arc<Vec<(u64, String)>>,
+    /// The initializers, once this transaction changed them.
+    pending: Option<Vec<(u64, String)>>,
     /// Some consumer follows the table: deleted objects go to the graveyard.
     pub(crate) track_deletes: bool,
     layout: KeyLayout,
 }
 
+impl<T> TableTxn<T> {
+    /// The committed rare parts this transaction started from.
+    pub(crate) fn rare(&self) -> &Rare<T> {
+        match &self.rare {
+            Some(r) => r,
+            None => unreachable!("a committed table transaction is not used again"),
+        }
+    }
+
+    /// The initializers pending as of this transaction's writes.
+    pub(crate) fn pending(&self) -> &[(u64, String)] {
+        match &self.pending {
+            Some(p) => p,
+            None => &self.rare().pending,
+        }
+    }
+
+    /// The pending initializers, to change.
+    pub(crate) fn pending_mut(&mut self) -> &mut Vec<(u64, String)> {
+        if self.pending.is_none() {
+            self.pending = Some(self.rare().pending.clone());
+        }
+        self.pending.get_or_insert_with(Vec::new)
+    }
+}
+
 /// What a committed table write hands back to the database.
 pub(crate) struct Finished {
-    pub(crate) root: Arc<dyn Any + Send + Sync>,
+    /// Taken (moved into the new root vector) by the commit.
+    pub(crate) root: Option<Arc<dyn Any + Send + Sync>>,
     pub(crate) notify: Box<dyn Send>,
     pub(crate) objects: usize,
     pub(crate) revision: Revision,
@@ -352,19 +390,30 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
         // its box and boxing the notifiers anew copied ~1 KiB per commit.
         let this = &mut *self;
         ws.keys.trim();
+        let Some(old) = this.rare.take() else {
+            unreachable!("a table transaction commits once")
+        };
+        let (graveyard, init) = (this.graveyard.commit(), this.init.commit());
+        let rare = if graveyard.is_none() && init.is_none() && this.pending.is_none() {
+            old
+        } else {
+            Arc::new(Rare {
+                graveyard: graveyard.unwrap_or_else(|| old.graveyard.clone()),
+                init: init.unwrap_or_else(|| old.init.clone()),
+                pending: this.pending.take().unwrap_or_else(|| old.pending.clone()),
+            })
+        };
         let root = TableRoot {
             indexes: this.indexes.iter_mut().map(TreeTxn::commit).collect(),
             revisions: this.revisions.as_mut().map(TreeTxn::commit),
-            graveyard: this.graveyard.commit(),
             revision: this.revision,
-            init: this.init.commit(),
-            pending: this.pending.clone(),
+            rare,
         };
         Finished {
             objects: root.indexes[0].len(),
             revision: root.revision,
-            graveyard: root.graveyard.len(),
-            root: Arc::new(root),
+            graveyard: root.rare.graveyard.len(),
+            root: Some(Arc::new(root)),
             notify: self,
         }
     }
@@ -414,46 +463,38 @@ impl<V> std::ops::DerefMut for TreeTxn<V> {
 }
 
 /// A tree few transactions write (the graveyard, the initialization
-/// state): the committed tree until the first write opens a boxed
-/// [`part::Txn`] on it, so a transaction that leaves it alone builds,
-/// commits and notifies nothing for it.
+/// state): nothing until the first write opens a boxed [`part::Txn`] on the
+/// committed tree (`base`, in the table's [`Rare`] parts), so a transaction
+/// that leaves it alone builds, commits and notifies nothing for it.
 pub(crate) struct LazyTxn<V> {
-    tree: Tree<V>,
     txn: Option<Box<TreeTxn<V>>>,
 }
 
 impl<V: Clone> LazyTxn<V> {
-    fn new(tree: &Tree<V>) -> Self {
-        LazyTxn {
-            tree: tree.clone(),
-            txn: None,
-        }
+    fn new() -> Self {
+        LazyTxn { txn: None }
     }
 
-    /// The transaction, opened on first use.
-    pub(crate) fn txn(&mut self) -> &mut part::Txn<V> {
-        let tree = &self.tree;
+    /// The transaction, opened on `base` on first use.
+    pub(crate) fn txn(&mut self, base: &Tree<V>) -> &mut part::Txn<V> {
         self.txn
-            .get_or_insert_with(|| Box::new(TreeTxn::Open(tree.txn())))
+            .get_or_insert_with(|| Box::new(TreeTxn::Open(base.txn())))
     }
 
-    pub(crate) fn get(&self, key: &[u8]) -> Option<&V> {
-        self.view().get(key)
+    pub(crate) fn get<'a>(&'a self, base: &'a Tree<V>, key: &[u8]) -> Option<&'a V> {
+        self.view(base).get(key)
     }
 
-    fn view(&self) -> TreeRef<'_, V> {
+    fn view<'a>(&'a self, base: &'a Tree<V>) -> TreeRef<'a, V> {
         match &self.txn {
             Some(t) => TreeRef::Txn(t),
-            None => TreeRef::Tree(&self.tree),
+            None => TreeRef::Tree(base),
         }
     }
 
-    /// The new tree; a written one's transaction becomes its notifier.
-    fn commit(&mut self) -> Tree<V> {
-        match &mut self.txn {
-            Some(t) => t.commit(),
-            None => self.tree.clone(),
-        }
+    /// The new tree if written (its transaction becomes its notifier).
+    fn commit(&mut self) -> Option<Tree<V>> {
+        self.txn.as_mut().map(|t| t.commit())
     }
 }
 
@@ -542,13 +583,30 @@ impl<T: Storable> TableTxn<T> {
                 .map(|t| TreeTxn::Open(t.txn()))
                 .collect(),
             revisions,
-            graveyard: LazyTxn::new(&root.graveyard),
             revision: root.revision,
-            init: LazyTxn::new(&root.init),
-            pending: root.pending.clone(),
+            rare: Some(root.rare.clone()),
+            graveyard: LazyTxn::new(),
+            init: LazyTxn::new(),
+            pending: None,
             track_deletes,
             layout,
         }
+    }
+
+    /// The initialization tree's transaction, opened on first use.
+    pub(crate) fn init_txn(&mut self) -> &mut part::Txn<()> {
+        let Some(rare) = &self.rare else {
+            unreachable!("a committed table transaction is not used again")
+        };
+        self.init.txn(&rare.init)
+    }
+
+    /// The graveyard's transaction, opened on first use.
+    fn graveyard_txn(&mut self) -> &mut part::Txn<Obj<T>> {
+        let Some(rare) = &self.rare else {
+            unreachable!("a committed table transaction is not used again")
+        };
+        self.graveyard.txn(&rare.graveyard)
     }
 
     /// Builds the revision index from the transaction's objects if the
@@ -711,9 +769,8 @@ impl<T: Storable> TableTxn<T> {
         }
         self.revision += 1;
         if self.track_deletes {
-            self.graveyard
-                .txn()
-                .insert(&rev_key(self.revision), old.clone())?;
+            let k = rev_key(self.revision);
+            self.graveyard_txn().insert(&k, old.clone())?;
         }
         Ok(Some(old))
     }
@@ -728,7 +785,8 @@ impl<T: Storable> TableTxn<T> {
             let all: Vec<Obj<T>> = self.indexes[0].iter().map(|(_, v)| v.clone()).collect();
             for o in all {
                 self.revision += 1;
-                self.graveyard.txn().insert(&rev_key(self.revision), o)?;
+                let k = rev_key(self.revision);
+                self.graveyard_txn().insert(&k, o)?;
             }
         } else {
             self.revision += n as u64;

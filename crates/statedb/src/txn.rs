@@ -64,6 +64,8 @@ pub(crate) fn root_of<'a, T: Storable>(
 /// contend on one reference count.
 pub struct Reader {
     pub(crate) db: Arc<DbInner>,
+    /// The root count read before `txn` was loaded.
+    pub(crate) version: u64,
     pub(crate) txn: ReadTxn,
 }
 
@@ -77,14 +79,27 @@ impl Reader {
     /// The latest committed snapshot.
     #[inline]
     pub fn read_txn(&mut self) -> &ReadTxn {
-        let cur = self.db.root.load();
+        // Acquire, paired with the Release after each swap: a count that
+        // moved is followed by a load that finds those roots or newer. An
+        // unchanged count means no commit finished since `txn` was loaded
+        // (one still publishing has not returned to its caller yet).
+        let v = self.db.root.version.load(Ordering::Acquire);
+        if v != self.version {
+            self.refresh(v);
+        }
+        &self.txn
+    }
+
+    #[inline(never)]
+    fn refresh(&mut self, v: u64) {
+        let cur = self.db.root.roots.load_full();
+        self.version = v;
         if !Arc::ptr_eq(&cur, &self.txn.roots) {
-            let old = std::mem::replace(&mut self.txn.roots, arc_swap::Guard::into_inner(cur));
+            let old = std::mem::replace(&mut self.txn.roots, cur);
             // If this reader was the last holder, the background thread
             // frees the old snapshot, not the reader.
             self.db.retire(old);
         }
-        &self.txn
     }
 }
 

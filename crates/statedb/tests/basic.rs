@@ -594,6 +594,37 @@ fn reader_follows_commits() {
     assert!(!watch.is_closed());
 }
 
+/// A reader learns of new roots from a count bumped after each swap: a
+/// commit that returned before another thread was told of it is in that
+/// thread's next snapshot, and so is a table created after the reader.
+#[test]
+fn reader_sees_every_commit_made_before_it_was_told() {
+    let f = std::sync::Arc::new(fixture());
+    let (tx, rx) = std::sync::mpsc::sync_channel::<usize>(0);
+    let follower = {
+        let f = f.clone();
+        std::thread::spawn(move || {
+            let mut reader = f.db.reader();
+            for n in rx {
+                // The writer may have committed more since it said so.
+                assert!(f.table.len(reader.read_txn()).unwrap() >= n);
+            }
+            let later = table_in(&f.db, "later");
+            assert_eq!(later.table.len(reader.read_txn()).unwrap(), 0);
+        })
+    };
+    for i in 1..=300u32 {
+        let mut w = f.db.write_txn(&[&f.table]).unwrap();
+        f.table
+            .insert(&mut w, obj(i, &format!("o{i}"), &[], 0))
+            .unwrap();
+        w.commit().unwrap();
+        tx.send(i as usize).unwrap();
+    }
+    drop(tx);
+    follower.join().unwrap();
+}
+
 #[test]
 fn delete_then_reinsert_streams_in_order() {
     let f = fixture();
