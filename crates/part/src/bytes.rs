@@ -1,5 +1,8 @@
-//! Short byte-string comparisons without a `memcmp` call: node segments and
-//! keys are mostly a few bytes long, where a call costs more than the compare.
+//! Node key buffers ([`Bytes`]) and short byte-string comparisons without
+//! a `memcmp` call: node segments and keys are mostly a few bytes long,
+//! where a call costs more than the compare.
+
+use thin_vec::ThinVec;
 
 /// `a == b`.
 #[inline(always)]
@@ -12,8 +15,6 @@ pub(crate) fn eq(a: &[u8], b: &[u8]) -> bool {
 pub(crate) fn starts_with(hay: &[u8], needle: &[u8]) -> bool {
     hay.len() >= needle.len() && eq_same_len(&hay[..needle.len()], needle)
 }
-
-use thin_vec::ThinVec;
 
 /// How many key bytes a node holds inline.
 pub(crate) const INLINE: usize = 14;
