@@ -336,10 +336,7 @@ pub struct TableTxn<T> {
 impl<T> TableTxn<T> {
     /// The committed rare parts this transaction started from.
     pub(crate) fn rare(&self) -> &Rare<T> {
-        match &self.rare {
-            Some(r) => r,
-            None => unreachable!("a committed table transaction is not used again"),
-        }
+        uncommitted(&self.rare)
     }
 
     /// The initializers pending as of this transaction's writes.
@@ -352,10 +349,16 @@ impl<T> TableTxn<T> {
 
     /// The pending initializers, to change.
     pub(crate) fn pending_mut(&mut self) -> &mut Vec<(u64, String)> {
-        if self.pending.is_none() {
-            self.pending = Some(self.rare().pending.clone());
-        }
-        self.pending.get_or_insert_with(Vec::new)
+        let rare = uncommitted(&self.rare);
+        self.pending.get_or_insert_with(|| rare.pending.clone())
+    }
+}
+
+/// A table transaction's rare parts, which only its commit takes.
+fn uncommitted<T>(rare: &Option<Arc<Rare<T>>>) -> &Rare<T> {
+    match rare {
+        Some(r) => r,
+        None => unreachable!("a committed table transaction is not used again"),
     }
 }
 
@@ -595,18 +598,12 @@ impl<T: Storable> TableTxn<T> {
 
     /// The initialization tree's transaction, opened on first use.
     pub(crate) fn init_txn(&mut self) -> &mut part::Txn<()> {
-        let Some(rare) = &self.rare else {
-            unreachable!("a committed table transaction is not used again")
-        };
-        self.init.txn(&rare.init)
+        self.init.txn(&uncommitted(&self.rare).init)
     }
 
     /// The graveyard's transaction, opened on first use.
     fn graveyard_txn(&mut self) -> &mut part::Txn<Obj<T>> {
-        let Some(rare) = &self.rare else {
-            unreachable!("a committed table transaction is not used again")
-        };
-        self.graveyard.txn(&rare.graveyard)
+        self.graveyard.txn(&uncommitted(&self.rare).graveyard)
     }
 
     /// Builds the revision index from the transaction's objects if the
