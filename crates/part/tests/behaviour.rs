@@ -120,6 +120,57 @@ fn empty_key_and_prefix_keys() {
     assert_eq!(t.len(), 3);
 }
 
+/// Keys and path segments of 13 to 17 bytes, either side of the 14 a node
+/// holds inline: splits cut a heap segment into an inline one and merges
+/// join two inline ones into a heap one, in both directions, with every
+/// read checked against a map and the invariants after each step.
+#[test]
+fn segments_either_side_of_the_inline_limit() {
+    use std::collections::BTreeMap;
+    for opts in [
+        Options::default(),
+        Options {
+            root_only_watch: true,
+        },
+    ] {
+        let mut model = BTreeMap::new();
+        let mut tree = Tree::with_options(opts);
+        let mut keys = Vec::new();
+        // Distinct bytes along the shared path, so that a segment joined
+        // or cut in the wrong place reads as another key.
+        let path = |n: usize| (1..=n as u8).collect::<Vec<u8>>();
+        for common in 12..=17usize {
+            for tail in [0u8, 1, 2] {
+                let mut k = path(common);
+                k.push(100 + tail);
+                k.extend((0..(common + tail as usize) % 5).map(|i| 200 + i as u8));
+                keys.push(k);
+            }
+            keys.push(path(common));
+        }
+        // In, then out again in another order (merges as nodes empty).
+        for (i, k) in keys.iter().enumerate() {
+            tree = tree.insert(k, i as u32).unwrap().0;
+            model.insert(k.clone(), i as u32);
+            check(&tree).unwrap();
+        }
+        for k in keys.iter().rev().step_by(2).chain(keys.iter().step_by(2)) {
+            for (mk, v) in &model {
+                assert_eq!(tree.get(mk), Some(v), "{mk:?}");
+            }
+            let want = model.remove(k);
+            let (next, got) = tree.delete(k);
+            assert_eq!(got, want, "{k:?}");
+            tree = next;
+            check(&tree).unwrap();
+            let all: Vec<(Vec<u8>, u32)> = tree.iter().map(|(k, v)| (k.to_vec(), *v)).collect();
+            let expect: Vec<(Vec<u8>, u32)> = model.iter().map(|(k, v)| (k.clone(), *v)).collect();
+            assert_eq!(all, expect);
+        }
+        assert!(tree.is_empty());
+    }
+}
+
 #[test]
 fn long_keys_work_and_too_long_is_an_error() {
     let long = vec![7u8; 64 * 1024];
