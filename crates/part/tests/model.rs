@@ -24,12 +24,21 @@ enum Op {
 }
 
 /// Keys from a small alphabet (shared prefixes, keys that are prefixes of
-/// others, 0x00 and 0xff bytes), or from all bytes (wide nodes).
+/// others, 0x00 and 0xff bytes), or from all bytes (wide nodes), or long
+/// ones: runs of one byte, and prefixes of two fixed paths of distinct
+/// bytes with a short tail, so long segments are split and joined around
+/// the 14 bytes a node holds inline and a cut or join at the wrong offset
+/// reads as another key.
 fn key() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
         3 => proptest::collection::vec(prop_oneof![Just(0u8), Just(1), Just(b'a'), Just(b'b'), Just(0xff)], 0..6),
         2 => proptest::collection::vec(any::<u8>(), 1..3),
         1 => (any::<u8>(), proptest::collection::vec(Just(7u8), 0..40)).prop_map(|(b, mut v)| { v.insert(0, b); v }),
+        1 => (0u8..2, 0u8..36, proptest::collection::vec(0u8..3, 0..3)).prop_map(|(p, n, tail)| {
+            let mut v: Vec<u8> = (0..n).map(|i| 40 + 90 * p + i).collect();
+            v.extend(tail);
+            v
+        }),
     ]
 }
 
