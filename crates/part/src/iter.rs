@@ -11,7 +11,7 @@ use std::ops::Bound;
 use crate::node::{Child, Kind, Leaf};
 
 /// An owned bound or prefix.
-type Bytes = smallvec::SmallVec<[u8; 16]>;
+type OwnedKey = smallvec::SmallVec<[u8; 16]>;
 
 /// Which keys a scan visits.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,8 +102,8 @@ struct Frame<P> {
 enum Stop {
     Never,
     /// Forward: past the upper bound. Reverse: below the lower bound.
-    Bound(Bound<Bytes>),
-    Prefix(Bytes),
+    Bound(Bound<OwnedKey>),
+    Prefix(OwnedKey),
 }
 
 pub(crate) struct Raw<P> {
@@ -112,14 +112,14 @@ pub(crate) struct Raw<P> {
     rev: bool,
     stop: Stop,
     /// A key equal to this is skipped (an excluded starting bound).
-    skip: Option<Bytes>,
+    skip: Option<OwnedKey>,
 }
 
-fn bytes(b: &[u8]) -> Bytes {
-    Bytes::from_slice(b)
+fn bytes(b: &[u8]) -> OwnedKey {
+    OwnedKey::from_slice(b)
 }
 
-fn map_bound(b: Bound<&[u8]>) -> Bound<Bytes> {
+fn map_bound(b: Bound<&[u8]>) -> Bound<OwnedKey> {
     b.map(bytes)
 }
 

@@ -17,7 +17,7 @@ use crate::key::KeyLayout;
 use crate::line::CacheLine;
 use crate::metrics::TableMetrics;
 use crate::table::{
-    AnyTable, Finished, Rare, Storable, Table, TableInner, TableMeta, TableRoot, WriterState,
+    AnyTable, Finished, Storable, Table, TableInner, TableMeta, TableRoot, WriterState,
 };
 use crate::txn::{Locked, ReadTxn, Reader, WriteTxn};
 use crate::{Error, Result, Revision};
@@ -605,11 +605,7 @@ impl<T: Storable> TableOps for TableInner<T> {
         let (graveyard, notifier) = txn.commit_only();
         let left = graveyard.len();
         let mut new_root = root.clone();
-        new_root.rare = Arc::new(Rare {
-            graveyard,
-            init: root.rare.init.clone(),
-            pending: root.rare.pending.clone(),
-        });
+        new_root.rare = Arc::new(root.rare.replaced(Some(graveyard), None, None));
         db.publish_one(id, Arc::new(new_root));
         drop(guard);
         drop(notifier);

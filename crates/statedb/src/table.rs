@@ -354,6 +354,22 @@ impl<T> TableTxn<T> {
     }
 }
 
+impl<T> Rare<T> {
+    /// These parts with the given ones in place of theirs.
+    pub(crate) fn replaced(
+        &self,
+        graveyard: Option<Tree<Obj<T>>>,
+        init: Option<Tree<()>>,
+        pending: Option<Vec<(u64, String)>>,
+    ) -> Rare<T> {
+        Rare {
+            graveyard: graveyard.unwrap_or_else(|| self.graveyard.clone()),
+            init: init.unwrap_or_else(|| self.init.clone()),
+            pending: pending.unwrap_or_else(|| self.pending.clone()),
+        }
+    }
+}
+
 /// A table transaction's rare parts, which only its commit takes.
 fn uncommitted<T>(rare: &Option<Arc<Rare<T>>>) -> &Rare<T> {
     match rare {
@@ -400,11 +416,7 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
         let rare = if graveyard.is_none() && init.is_none() && this.pending.is_none() {
             old
         } else {
-            Arc::new(Rare {
-                graveyard: graveyard.unwrap_or_else(|| old.graveyard.clone()),
-                init: init.unwrap_or_else(|| old.init.clone()),
-                pending: this.pending.take().unwrap_or_else(|| old.pending.clone()),
-            })
+            Arc::new(old.replaced(graveyard, init, this.pending.take()))
         };
         let root = TableRoot {
             indexes: this.indexes.iter_mut().map(TreeTxn::commit).collect(),
