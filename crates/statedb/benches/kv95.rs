@@ -8,6 +8,13 @@
 //! 1 then 2 threads, SECONDS each, and the median scaling (this host's
 //! speed drifts between runs seconds apart, so one pair says little).
 //! (`STATEDB_BENCH_LAYOUT=nibbles` for a nibble-layout table)
+//!
+//! Two diagnostics of what the threads share: `STATEDB_BENCH_PRIVATE=1`
+//! gives every thread but the first a database of its own (nothing shared
+//! but the allocator: what this machine allows two threads), and
+//! `STATEDB_BENCH_WRITE_ELSEWHERE=1` sends each thread's writes to a table
+//! of its own in the shared database (the reads' table never changes, but
+//! every commit still replaces the database's root).
 
 mod common;
 
@@ -36,10 +43,29 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
     let t_run = Instant::now();
     let barrier = Arc::new(Barrier::new(threads));
     let write_pct = write_pct();
+    let private = std::env::var_os("STATEDB_BENCH_PRIVATE").is_some();
     let handles: Vec<_> = (0..threads)
         .map(|t| {
-            let (b, barrier) = (b.clone(), barrier.clone());
+            let (shared, barrier) = (b.clone(), barrier.clone());
             std::thread::spawn(move || {
+                // `STATEDB_BENCH_PRIVATE=1`: every thread but the first
+                // works on a database of its own (what the machine gives
+                // two threads that share nothing but the allocator).
+                let b = if private && t > 0 {
+                    let own = Arc::new(new_db_layout(false, env_layout()));
+                    fill(&own, OBJECTS);
+                    own
+                } else {
+                    shared
+                };
+                // Diagnostic: `STATEDB_BENCH_WRITE_ELSEWHERE=1` writes go to a
+                // table of this thread's own in the same database.
+                let wt = std::env::var_os("STATEDB_BENCH_WRITE_ELSEWHERE").map(|_| {
+                    let w = Arc::new(new_db_named(&b.db, &format!("own{t}"), false));
+                    fill(&w, OBJECTS);
+                    w
+                });
+                let wb = wt.as_ref().unwrap_or(&b).clone();
                 let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
                 let mut reader = b.db.reader();
                 // A few KiB, allocated and touched before the clock starts:
@@ -53,11 +79,14 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                 let end = start + Duration::from_secs_f64(secs);
                 let mut ops = 0u64;
                 let mut t0 = start;
+                // (time, count) of write transactions; the rest are reads.
+                let mut writes = (0u64, 0u64);
                 loop {
                     let id = rng.gen_range(0..OBJECTS);
-                    if rng.gen_ratio(write_pct, 100) {
-                        let mut w = b.db.write_txn(&[&b.table]).unwrap();
-                        b.table.insert(&mut w, obj(id)).unwrap();
+                    let write = rng.gen_ratio(write_pct, 100);
+                    if write {
+                        let mut w = wb.db.write_txn(&[&wb.table]).unwrap();
+                        wb.table.insert(&mut w, obj(id)).unwrap();
                         w.commit().unwrap();
                     } else {
                         let r = reader.read_txn();
@@ -65,11 +94,16 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                     }
                     ops += 1;
                     let t1 = Instant::now();
-                    lat.record((t1 - t0).as_nanos() as u64);
+                    let ns = (t1 - t0).as_nanos() as u64;
+                    lat.record(ns);
+                    if write {
+                        writes.0 += ns;
+                        writes.1 += 1;
+                    }
                     t0 = t1;
                     if ops % 256 == 0 && t1 >= end {
                         let cpu = Duration::from_nanos(thread_cpu_ns() - cpu0);
-                        return (ops, t1 - start, cpu, lat);
+                        return (ops, t1 - start, cpu, lat, writes);
                     }
                 }
             })
@@ -78,12 +112,24 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
     let mut total = 0.0;
     let mut per_cpu = 0.0;
     let mut all = Hist::new();
+    // Summed over threads: (ops, time in ops, write txns, time in them).
+    let mut split = (0u64, 0u64, 0u64, 0u64);
     for h in handles {
-        let (ops, took, cpu, lat) = h.join().unwrap();
+        let (ops, took, cpu, lat, writes) = h.join().unwrap();
         total += ops as f64 / took.as_secs_f64();
         per_cpu += ops as f64 / cpu.as_secs_f64().max(1e-9);
         all.merge(&lat);
+        split.0 += ops;
+        split.1 += took.as_nanos() as u64;
+        split.2 += writes.1;
+        split.3 += writes.0;
     }
+    let reads = (split.0 - split.2).max(1);
+    println!(
+        "  {threads} thread(s): a read takes {:.0} ns on average, a write transaction {:.2} µs (on the wall, from the op before)",
+        (split.1 - split.3) as f64 / reads as f64,
+        split.3 as f64 / 1e3 / split.2.max(1) as f64,
+    );
     let wall = t_run.elapsed();
     let after = lock_figures(&b);
     let (writes, waited, held) = (

@@ -2,6 +2,8 @@
 //! graveyard collection.
 
 use std::any::Any;
+use std::cell::Cell;
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::Thread;
@@ -22,8 +24,58 @@ use crate::table::{
 use crate::txn::{Locked, ReadTxn, Reader, WriteTxn};
 use crate::{Error, Result, Revision};
 
-/// The published state: one root per table, indexed by table id.
-pub(crate) type Roots = Vec<Arc<dyn Any + Send + Sync>>;
+/// The published state: one root per table, indexed by table id, and the
+/// thread that published it.
+#[derive(Default)]
+pub(crate) struct Roots {
+    tables: Vec<Arc<dyn Any + Send + Sync>>,
+    /// [`thread_tag`] of the publishing thread, which allocated most of
+    /// what this version alone holds (its commit's copied path).
+    by: u64,
+}
+
+impl Roots {
+    /// A copy to be published by this thread.
+    fn successor(&self) -> Roots {
+        Roots {
+            tables: self.tables.clone(),
+            by: thread_tag(),
+        }
+    }
+}
+
+impl Deref for Roots {
+    type Target = Vec<Arc<dyn Any + Send + Sync>>;
+    fn deref(&self) -> &Self::Target {
+        &self.tables
+    }
+}
+
+impl DerefMut for Roots {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tables
+    }
+}
+
+static NEXT_THREAD_TAG: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static THREAD_TAG: Cell<u64> = const { Cell::new(0) };
+}
+
+/// A number for the calling thread, unique in the process (0 is never
+/// one): one thread-local load where `std::thread::current()` would clone
+/// an `Arc`.
+fn thread_tag() -> u64 {
+    THREAD_TAG.with(|t| match t.get() {
+        0 => {
+            let tag = NEXT_THREAD_TAG.fetch_add(1, Ordering::Relaxed);
+            t.set(tag);
+            tag
+        }
+        tag => tag,
+    })
+}
 
 static NEXT_DB: AtomicU64 = AtomicU64::new(1);
 
@@ -119,9 +171,10 @@ pub(crate) struct DbInner {
     pub(crate) tables: RwLock<Vec<Arc<dyn TableOps>>>,
     gc_thread: Mutex<Option<Thread>>,
     closing: AtomicBool,
-    /// Old snapshots a reader let go of last, freed by the background
-    /// thread so that reads never pay for frees (writers free their own
-    /// superseded versions: see `commit`).
+    /// Old snapshots a reader let go of last that another thread
+    /// published, freed by the background thread (writers free their own
+    /// superseded versions, see `commit`, and readers the versions their
+    /// own thread published, see `retire`).
     retired: Mutex<Vec<Arc<Roots>>>,
     /// A background thread runs (else everything is freed inline).
     background: AtomicBool,
@@ -205,7 +258,7 @@ impl Db {
         let inner = Arc::new(DbInner {
             uid: NEXT_DB.fetch_add(1, Ordering::Relaxed),
             root: CacheLine(Published {
-                roots: ArcSwap::from_pointee(Vec::new()),
+                roots: ArcSwap::from_pointee(Roots::default()),
                 version: AtomicU64::new(0),
             }),
             commit_lock: Mutex::new(()),
@@ -296,7 +349,7 @@ impl Db {
         });
         {
             let _g = self.inner.commit_lock.lock();
-            let mut roots: Roots = (**self.inner.root.roots.load()).clone();
+            let mut roots = self.inner.root.roots.load().successor();
             roots.push(Arc::new(TableRoot::<T>::new(n)));
             drop(self.inner.root.swap(Arc::new(roots)));
         }
@@ -454,10 +507,14 @@ const RETIRE_WAKE: usize = 64;
 impl DbInner {
     /// Lets go of a snapshot on a reader's (or the collector's) behalf: if
     /// others still hold it the last one frees it; if this was the last
-    /// reference it goes to the background thread (freed here when there is
-    /// none, or it is behind).
+    /// reference and this thread published it, it is freed here (where
+    /// most of it was allocated); else it goes to the background thread
+    /// (freed here when there is none, or it is behind).
     pub(crate) fn retire(&self, old: Arc<Roots>) {
-        if Arc::strong_count(&old) > 1 || !self.background.load(Ordering::Relaxed) {
+        if Arc::strong_count(&old) > 1
+            || !self.background.load(Ordering::Relaxed)
+            || old.by == thread_tag()
+        {
             return;
         }
         let thread = {
@@ -488,7 +545,7 @@ impl DbInner {
     pub(crate) fn publish_one(&self, id: usize, root: Arc<dyn Any + Send + Sync>) {
         let old = {
             let _g = self.commit_lock.lock();
-            let mut roots: Roots = (**self.root.roots.load()).clone();
+            let mut roots = self.root.roots.load().successor();
             roots[id] = root;
             self.root.swap(Arc::new(roots))
         };
@@ -514,7 +571,7 @@ impl DbInner {
             (db.root.roots.load_full(), None)
         } else {
             let _g = db.commit_lock.lock();
-            let mut roots: Roots = (**db.root.roots.load()).clone();
+            let mut roots = db.root.roots.load().successor();
             for (i, f) in done.iter_mut() {
                 if let Some(r) = f.root.take() {
                     roots[locked[*i].meta.id] = r;

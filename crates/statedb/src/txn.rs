@@ -96,8 +96,9 @@ impl Reader {
         self.version = v;
         if !Arc::ptr_eq(&cur, &self.txn.roots) {
             let old = std::mem::replace(&mut self.txn.roots, cur);
-            // If this reader was the last holder, the background thread
-            // frees the old snapshot, not the reader.
+            // If this reader was the last holder, the old snapshot is freed
+            // here when this thread published it, else by the background
+            // thread (`DbInner::retire`).
             self.db.retire(old);
         }
     }

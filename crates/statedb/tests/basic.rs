@@ -690,6 +690,58 @@ fn superseded_objects_are_freed() {
     }
 }
 
+/// A `Reader` that lets go last of a version its own thread published frees
+/// it at once (its nodes were allocated there); one published by another
+/// thread goes to the background thread, which has not run yet here.
+#[test]
+fn reader_frees_its_own_threads_versions_and_hands_on_others() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    // The collector wakes after 64 retired versions or an hour.
+    let db = Db::with_options(DbOptions {
+        gc_interval: Some(Duration::from_secs(3600)),
+    });
+    let f = table_in(&db, "objs");
+    let t = &f.table;
+    let write = |name: &str| {
+        let mut w = db.write_txn(&[t]).unwrap();
+        t.insert(&mut w, obj(1, name, &[], 0)).unwrap();
+        w.commit().unwrap()
+    };
+    let mut reader = db.reader();
+    for (other_thread, freed) in [(false, true), (true, false)] {
+        let r = if other_thread {
+            std::thread::scope(|s| s.spawn(|| write("old")).join().unwrap())
+        } else {
+            write("old")
+        };
+        let weak = Arc::downgrade(t.get(&r, &f.by_id, &1).unwrap().unwrap());
+        drop(r);
+        // The reader now holds the only snapshot with "old" in it.
+        assert_eq!(
+            t.get(reader.read_txn(), &f.by_id, &1)
+                .unwrap()
+                .unwrap()
+                .name,
+            "old"
+        );
+        write("new");
+        assert!(weak.upgrade().is_some(), "the reader's snapshot holds it");
+        assert_eq!(
+            t.get(reader.read_txn(), &f.by_id, &1)
+                .unwrap()
+                .unwrap()
+                .name,
+            "new"
+        );
+        assert_eq!(
+            weak.upgrade().is_none(),
+            freed,
+            "published by another thread: {other_thread}"
+        );
+    }
+}
+
 /// The timing figures are updated with plain loads and stores by the holder
 /// of the table's lock: concurrent writers (commits and aborts) must still
 /// be counted exactly.
