@@ -692,7 +692,8 @@ fn superseded_objects_are_freed() {
 
 /// A `Reader` that lets go last of a version its own thread published frees
 /// it at once (its nodes were allocated there); one published by another
-/// thread goes to the background thread, which has not run yet here.
+/// thread (here one that has exited) waits in that thread's mailbox, for it
+/// or the background thread, which has not run yet here.
 #[test]
 fn reader_frees_its_own_threads_versions_and_hands_on_others() {
     use std::sync::Arc;
@@ -740,6 +741,50 @@ fn reader_frees_its_own_threads_versions_and_hands_on_others() {
             "published by another thread: {other_thread}"
         );
     }
+}
+
+/// A version another thread published, let go of last by a reader, is
+/// freed by the publishing thread at its next commit.
+#[test]
+fn the_publishing_thread_frees_what_readers_hand_back() {
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
+    let db = Db::with_options(DbOptions {
+        gc_interval: Some(Duration::from_secs(3600)),
+    });
+    let f = table_in(&db, "objs");
+    let t = &f.table;
+    let mut reader = db.reader();
+    let name = |r: &statedb::ReadTxn| t.get(r, &f.by_id, &1).unwrap().unwrap().name.clone();
+    std::thread::scope(|s| {
+        let (to_writer, writes) = mpsc::channel::<&str>();
+        let (wrote, done) = mpsc::channel::<()>();
+        let db = &db;
+        s.spawn(move || {
+            for n in writes {
+                let mut w = db.write_txn(&[t]).unwrap();
+                t.insert(&mut w, obj(1, n, &[], 0)).unwrap();
+                w.commit().unwrap();
+                wrote.send(()).unwrap();
+            }
+        });
+        let write = |n| {
+            to_writer.send(n).unwrap();
+            done.recv().unwrap();
+        };
+        write("old");
+        let weak = {
+            let r = db.read_txn();
+            Arc::downgrade(t.get(&r, &f.by_id, &1).unwrap().unwrap())
+        };
+        assert_eq!(name(reader.read_txn()), "old");
+        write("new");
+        // The reader lets go of the last snapshot holding "old".
+        assert_eq!(name(reader.read_txn()), "new");
+        assert!(weak.upgrade().is_some(), "waits for its publisher");
+        write("newer");
+        assert!(weak.upgrade().is_none(), "freed at the publisher's commit");
+    });
 }
 
 /// The timing figures are updated with plain loads and stores by the holder
