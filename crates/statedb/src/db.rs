@@ -91,7 +91,9 @@ static NEXT_DB: AtomicU64 = AtomicU64::new(1);
 #[derive(Clone, Debug)]
 pub struct DbOptions {
     /// How often the background collector looks for graveyard entries every
-    /// consumer has processed. `None`: no background thread; call
+    /// consumer has processed (and frees old snapshots that readers handed
+    /// back to a thread that has not freed them since). `None`: no
+    /// background thread, readers free what they let go of last; call
     /// [`Db::collect_garbage`].
     pub gc_interval: Option<Duration>,
 }
