@@ -531,11 +531,13 @@ struct Mailbox {
 }
 
 impl Mailbox {
-    /// Empties the box; the caller drops what it held.
-    fn take(&self) -> Vec<Arc<Roots>> {
+    /// Empties the box (keeping its buffer, which another thread would
+    /// otherwise allocate again at its next push); the caller drops what
+    /// it held, outside the lock.
+    fn take(&self) -> SmallVec<[Arc<Roots>; 8]> {
         let mut l = self.list.lock();
         self.full.store(false, Ordering::Relaxed);
-        std::mem::take(&mut *l)
+        l.drain(..).collect()
     }
 }
 

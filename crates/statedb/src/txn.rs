@@ -97,8 +97,8 @@ impl Reader {
         if !Arc::ptr_eq(&cur, &self.txn.roots) {
             let old = std::mem::replace(&mut self.txn.roots, cur);
             // If this reader was the last holder, the old snapshot is freed
-            // here when this thread published it, else by the background
-            // thread (`DbInner::retire`).
+            // here when this thread published it, else by the thread that
+            // did (`DbInner::retire`).
             self.db.retire(old);
         }
     }
