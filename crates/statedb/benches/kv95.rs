@@ -43,14 +43,13 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
     let t_run = Instant::now();
     let barrier = Arc::new(Barrier::new(threads));
     let write_pct = write_pct();
+    // The diagnostics in the module docs.
     let private = std::env::var_os("STATEDB_BENCH_PRIVATE").is_some();
+    let elsewhere = std::env::var_os("STATEDB_BENCH_WRITE_ELSEWHERE").is_some();
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let (shared, barrier) = (b.clone(), barrier.clone());
             std::thread::spawn(move || {
-                // `STATEDB_BENCH_PRIVATE=1`: every thread but the first
-                // works on a database of its own (what the machine gives
-                // two threads that share nothing but the allocator).
                 let b = if private && t > 0 {
                     let own = Arc::new(new_db_layout(false, env_layout()));
                     fill(&own, OBJECTS);
@@ -58,14 +57,14 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                 } else {
                     shared
                 };
-                // Diagnostic: `STATEDB_BENCH_WRITE_ELSEWHERE=1` writes go to a
-                // table of this thread's own in the same database.
-                let wt = std::env::var_os("STATEDB_BENCH_WRITE_ELSEWHERE").map(|_| {
+                // The table written.
+                let wb = if elsewhere {
                     let w = Arc::new(new_db_named(&b.db, &format!("own{t}"), false));
                     fill(&w, OBJECTS);
                     w
-                });
-                let wb = wt.as_ref().unwrap_or(&b).clone();
+                } else {
+                    b.clone()
+                };
                 let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
                 let mut reader = b.db.reader();
                 // A few KiB, allocated and touched before the clock starts:
