@@ -6,7 +6,8 @@
 //! `cargo run --release -p statedb --example single_writes -- [TXNS] [OBJECTS] [seq|new|perm] [ROWS]`
 //! (`new`: every row is a new object, ids counting up from `OBJECTS`)
 //! (`ROWS` per transaction, default 1; `perm`: each transaction rewrites
-//! the whole table in one shuffled order)
+//! the whole table in one shuffled order; `STATEDB_EXTRA_TABLES=N`: N more
+//! tables in the database)
 
 // The benchmark suite's fixtures: `TestObject`, tables, `fill`.
 #[path = "../benches/common.rs"]
@@ -43,6 +44,15 @@ fn main() {
     let db = Db::with_options(common::env_db_options());
     let b = new_db_named(&db, "test", false);
     fill(&b, objects);
+    // STATEDB_EXTRA_TABLES=N: N more (empty) tables in the database, which
+    // every commit's new root vector carries along.
+    let extra: usize = std::env::var("STATEDB_EXTRA_TABLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let _others: Vec<_> = (0..extra)
+        .map(|i| new_db_named(&db, &format!("other{i}"), false))
+        .collect();
     let table = &b.table;
     // The suite's shuffled order (`perm`), and a fixed pseudo-random
     // sequence of ids (xorshift), the same in every run.
