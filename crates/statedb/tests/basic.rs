@@ -430,6 +430,34 @@ fn background_gc_collects() {
     }
 }
 
+/// Collection publishes a new root for the collected table only: here the
+/// database's second table, between two others that keep theirs.
+#[test]
+fn collecting_one_table_of_several() {
+    let db = Db::with_options(DbOptions { gc_interval: None });
+    let a = table_in(&db, "a");
+    let b = table_in(&db, "b");
+    let c = table_in(&db, "c");
+    let mut w = db.write_txn(&[&a.table, &b.table, &c.table]).unwrap();
+    let mut ch = b.table.changes(&mut w).unwrap();
+    for f in [&a, &b, &c] {
+        f.table.insert(&mut w, obj(1, "x", &[], 0)).unwrap();
+    }
+    w.commit().unwrap();
+    let mut w = db.write_txn(&[&b.table]).unwrap();
+    b.table.delete_key(&mut w, &1u32).unwrap();
+    let r = w.commit().unwrap();
+    assert_eq!(b.table.graveyard_len(&r).unwrap(), 1);
+    ch.next(&r).unwrap();
+    assert_eq!(db.collect_garbage(), 1);
+    let r = db.read_txn();
+    assert_eq!(b.table.graveyard_len(&r).unwrap(), 0);
+    assert_eq!(b.table.len(&r).unwrap(), 0);
+    for f in [&a, &c] {
+        assert_eq!(name_of_one(f, &r), "x");
+    }
+}
+
 #[test]
 fn changes_since_skips_older() {
     let f = fixture();
@@ -690,6 +718,27 @@ fn superseded_objects_are_freed() {
     }
 }
 
+/// A table whose database's collector wakes only after 64 retired
+/// versions or an hour (so, not within a test).
+fn idle_collector_table() -> Fixture {
+    let db = Db::with_options(DbOptions {
+        gc_interval: Some(std::time::Duration::from_secs(3600)),
+    });
+    table_in(&db, "objs")
+}
+
+/// Commits object 1 under `name`.
+fn write_one(f: &Fixture, name: &str) -> statedb::ReadTxn {
+    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+    f.table.insert(&mut w, obj(1, name, &[], 0)).unwrap();
+    w.commit().unwrap()
+}
+
+/// Object 1's name in `r`.
+fn name_of_one(f: &Fixture, r: &statedb::ReadTxn) -> String {
+    f.table.get(r, &f.by_id, &1).unwrap().unwrap().name.clone()
+}
+
 /// A `Reader` that lets go last of a version its own thread published frees
 /// it at once (its nodes were allocated there); one published by another
 /// thread (here one that has exited) waits in that thread's mailbox, for it
@@ -697,44 +746,21 @@ fn superseded_objects_are_freed() {
 #[test]
 fn reader_frees_its_own_threads_versions_and_hands_on_others() {
     use std::sync::Arc;
-    use std::time::Duration;
-    // The collector wakes after 64 retired versions or an hour.
-    let db = Db::with_options(DbOptions {
-        gc_interval: Some(Duration::from_secs(3600)),
-    });
-    let f = table_in(&db, "objs");
-    let t = &f.table;
-    let write = |name: &str| {
-        let mut w = db.write_txn(&[t]).unwrap();
-        t.insert(&mut w, obj(1, name, &[], 0)).unwrap();
-        w.commit().unwrap()
-    };
-    let mut reader = db.reader();
+    let f = idle_collector_table();
+    let mut reader = f.db.reader();
     for (other_thread, freed) in [(false, true), (true, false)] {
         let r = if other_thread {
-            std::thread::scope(|s| s.spawn(|| write("old")).join().unwrap())
+            std::thread::scope(|s| s.spawn(|| write_one(&f, "old")).join().unwrap())
         } else {
-            write("old")
+            write_one(&f, "old")
         };
-        let weak = Arc::downgrade(t.get(&r, &f.by_id, &1).unwrap().unwrap());
+        let weak = Arc::downgrade(f.table.get(&r, &f.by_id, &1).unwrap().unwrap());
         drop(r);
         // The reader now holds the only snapshot with "old" in it.
-        assert_eq!(
-            t.get(reader.read_txn(), &f.by_id, &1)
-                .unwrap()
-                .unwrap()
-                .name,
-            "old"
-        );
-        write("new");
+        assert_eq!(name_of_one(&f, reader.read_txn()), "old");
+        write_one(&f, "new");
         assert!(weak.upgrade().is_some(), "the reader's snapshot holds it");
-        assert_eq!(
-            t.get(reader.read_txn(), &f.by_id, &1)
-                .unwrap()
-                .unwrap()
-                .name,
-            "new"
-        );
+        assert_eq!(name_of_one(&f, reader.read_txn()), "new");
         assert_eq!(
             weak.upgrade().is_none(),
             freed,
@@ -748,23 +774,15 @@ fn reader_frees_its_own_threads_versions_and_hands_on_others() {
 #[test]
 fn the_publishing_thread_frees_what_readers_hand_back() {
     use std::sync::{mpsc, Arc};
-    use std::time::Duration;
-    let db = Db::with_options(DbOptions {
-        gc_interval: Some(Duration::from_secs(3600)),
-    });
-    let f = table_in(&db, "objs");
-    let t = &f.table;
-    let mut reader = db.reader();
-    let name = |r: &statedb::ReadTxn| t.get(r, &f.by_id, &1).unwrap().unwrap().name.clone();
+    let f = idle_collector_table();
+    let mut reader = f.db.reader();
     std::thread::scope(|s| {
         let (to_writer, writes) = mpsc::channel::<&str>();
         let (wrote, done) = mpsc::channel::<()>();
-        let db = &db;
+        let f = &f;
         s.spawn(move || {
             for n in writes {
-                let mut w = db.write_txn(&[t]).unwrap();
-                t.insert(&mut w, obj(1, n, &[], 0)).unwrap();
-                w.commit().unwrap();
+                write_one(f, n);
                 wrote.send(()).unwrap();
             }
         });
@@ -774,13 +792,13 @@ fn the_publishing_thread_frees_what_readers_hand_back() {
         };
         write("old");
         let weak = {
-            let r = db.read_txn();
-            Arc::downgrade(t.get(&r, &f.by_id, &1).unwrap().unwrap())
+            let r = f.db.read_txn();
+            Arc::downgrade(f.table.get(&r, &f.by_id, &1).unwrap().unwrap())
         };
-        assert_eq!(name(reader.read_txn()), "old");
+        assert_eq!(name_of_one(f, reader.read_txn()), "old");
         write("new");
         // The reader lets go of the last snapshot holding "old".
-        assert_eq!(name(reader.read_txn()), "new");
+        assert_eq!(name_of_one(f, reader.read_txn()), "new");
         assert!(weak.upgrade().is_some(), "waits for its publisher");
         write("newer");
         assert!(weak.upgrade().is_none(), "freed at the publisher's commit");
