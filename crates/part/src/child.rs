@@ -1,11 +1,13 @@
 //! Reference-counted nodes and the one-word child pointer.
 //!
-//! Every node lives in its own allocation with an atomic strong count in
-//! the 8 bytes right before it ([`NodeRc`]). A [`Child`] is a pointer to a
-//! node of any kind with the kind in its three low bits (nodes are 8-byte
-//! aligned, checked at compile time). Because the count sits at the same
-//! place for every kind, cloning, dropping (until the last reference) and
-//! the uniqueness test of a copy-on-write never branch on the kind, and a
+//! Every node lives in its own allocation with an atomic strong count
+//! before it ([`NodeRc`]): in the 8 bytes right before a small node, 64
+//! bytes before a large one (node48, node256, delta; see [`far`]). A
+//! [`Child`] is a pointer to a node of any kind with the kind in its three
+//! low bits (nodes are 8-byte aligned, checked at compile time). Because
+//! the count's place depends only on the node's size, cloning, dropping
+//! (until the last reference) and the uniqueness test of a copy-on-write
+//! never branch on the kind (the distance is a select on the tag), and a
 //! view of the node ([`Child::kind`]) is two bit operations. An
 //! `Option<Child>` is 8 bytes, so node arrays are half the size of arrays of
 //! a 16-byte enum of `Arc`s (a node256's 4 KiB -> 2 KiB).
@@ -40,16 +42,45 @@ use crate::node::{Leaf, NodeMut, D256, N16, N256, N4, N48};
 /// not wrap around to zero and free a live node.
 const MAX_COUNT: usize = isize::MAX as usize;
 
-/// The allocation for a `T`: the count at `node - 8`, the node at `off`.
+/// Nodes at least this large keep their count [`FAR`] bytes before them.
+const FAR_MIN: usize = 192;
+
+/// Whether a `T`'s count sits [`FAR`] bytes before it rather than 8: then
+/// it is never on the node's first cache line, which every lookup through
+/// the node reads (its segment). Copying a parent, flattening a delta and
+/// freeing a superseded version write the counts of the children they
+/// share, and with the count on that line each such write took the line
+/// from every other core reading through the child (KV95 with two
+/// threads, design.md "Node layout"). Small nodes keep it adjacent: 56
+/// more bytes would double a node4 or a leaf.
+const fn far<T>() -> bool {
+    std::mem::size_of::<T>() >= FAR_MIN
+}
+
+/// How far before a far node its count sits.
+const FAR: usize = 64;
+
+/// The count's distance before a `T`.
+const fn count_gap<T>() -> usize {
+    if far::<T>() {
+        FAR
+    } else {
+        8
+    }
+}
+
+/// The allocation for a `T`: the count at `node - count_gap`, the node at
+/// `off`.
 const fn layout<T>() -> (Layout, usize) {
     let align = if std::mem::align_of::<T>() > 8 {
         std::mem::align_of::<T>()
     } else {
         8
     };
-    let size = (align + std::mem::size_of::<T>()).next_multiple_of(align);
+    let off = count_gap::<T>().next_multiple_of(align);
+    let size = (off + std::mem::size_of::<T>()).next_multiple_of(align);
     match Layout::from_size_align(size, align) {
-        Ok(l) => (l, align),
+        Ok(l) => (l, off),
         Err(_) => panic!("node layout"),
     }
 }
@@ -63,25 +94,27 @@ fn alloc<T>() -> NonNull<T> {
     if base.is_null() {
         handle_alloc_error(layout);
     }
-    // SAFETY: `off >= 8` and `off + size_of::<T>() <= layout.size()`, so
-    // both the count at `off - 8` and the node at `off` are in bounds and
-    // aligned (`off` is a multiple of both alignments).
+    // SAFETY: `off >= count_gap` (a multiple of 8) and `off + size_of::<T>()
+    // <= layout.size()`, so both the count at `off - count_gap` and the node
+    // at `off` are in bounds and aligned (`off` is a multiple of both
+    // alignments).
     unsafe {
-        base.add(off - 8)
+        base.add(off - count_gap::<T>())
             .cast::<AtomicUsize>()
             .write(AtomicUsize::new(1));
         NonNull::new_unchecked(base.add(off).cast::<T>())
     }
 }
 
-/// The count of the node at `node`.
+/// The count of the node at `node`, `gap` bytes before it.
 ///
 /// # Safety
-/// `node` points to a node allocated by [`alloc`] that is still live.
+/// `node` points to a node of a type `T` allocated by [`alloc`] that is
+/// still live, and `gap` is `count_gap::<T>()`.
 #[inline(always)]
-unsafe fn count<'a>(node: *const u8) -> &'a AtomicUsize {
-    // SAFETY: the count sits in the 8 bytes before every node (`alloc`).
-    unsafe { &*node.sub(8).cast::<AtomicUsize>() }
+unsafe fn count<'a>(node: *const u8, gap: usize) -> &'a AtomicUsize {
+    // SAFETY: `alloc` put the count `count_gap` bytes before the node.
+    unsafe { &*node.sub(gap).cast::<AtomicUsize>() }
 }
 
 /// Takes a new reference.
@@ -89,9 +122,9 @@ unsafe fn count<'a>(node: *const u8) -> &'a AtomicUsize {
 /// # Safety
 /// As [`count`], and the caller holds a reference.
 #[inline(always)]
-unsafe fn incr(node: *const u8) {
+unsafe fn incr(node: *const u8, gap: usize) {
     // SAFETY: forwarded.
-    let old = unsafe { count(node) }.fetch_add(1, Ordering::Relaxed);
+    let old = unsafe { count(node, gap) }.fetch_add(1, Ordering::Relaxed);
     if old > MAX_COUNT {
         std::process::abort();
     }
@@ -103,9 +136,9 @@ unsafe fn incr(node: *const u8) {
 /// # Safety
 /// As [`count`], and the caller gives up the reference it holds.
 #[inline(always)]
-unsafe fn decr(node: *const u8) -> bool {
+unsafe fn decr(node: *const u8, gap: usize) -> bool {
     // SAFETY: forwarded.
-    let c = unsafe { count(node) };
+    let c = unsafe { count(node, gap) };
     // A count of 1 is the caller's own: no other reference exists to clone
     // or release it concurrently, so the last release needs no
     // read-modify-write (a locked instruction, ~20 cycles; freeing a
@@ -178,7 +211,7 @@ impl<T> NodeRc<T> {
     #[inline(always)]
     pub(crate) fn is_unique(this: &Self) -> bool {
         // SAFETY: `this` owns a count of a live node.
-        unsafe { count(this.ptr.as_ptr().cast()) }.load(Ordering::Acquire) == 1
+        unsafe { count(this.ptr.as_ptr().cast(), count_gap::<T>()) }.load(Ordering::Acquire) == 1
     }
 
     #[inline(always)]
@@ -201,7 +234,7 @@ impl<T> NodeRc<T> {
     #[cfg(test)]
     pub(crate) fn count(this: &Self) -> usize {
         // SAFETY: `this` owns a count of a live node.
-        unsafe { count(this.ptr.as_ptr().cast()) }.load(Ordering::Acquire)
+        unsafe { count(this.ptr.as_ptr().cast(), count_gap::<T>()) }.load(Ordering::Acquire)
     }
 }
 
@@ -218,7 +251,7 @@ impl<T> Clone for NodeRc<T> {
     #[inline(always)]
     fn clone(&self) -> Self {
         // SAFETY: `self` holds a count of a live node.
-        unsafe { incr(self.ptr.as_ptr().cast()) };
+        unsafe { incr(self.ptr.as_ptr().cast(), count_gap::<T>()) };
         NodeRc {
             ptr: self.ptr,
             _owns: PhantomData,
@@ -232,7 +265,7 @@ impl<T> Drop for NodeRc<T> {
         // SAFETY: `self` gives up its count; after the last one nothing
         // references the node, which `alloc::<T>` allocated.
         unsafe {
-            if decr(self.ptr.as_ptr().cast()) {
+            if decr(self.ptr.as_ptr().cast(), count_gap::<T>()) {
                 free(self.ptr.as_ptr());
             }
         }
@@ -364,6 +397,25 @@ impl<V> Child<V> {
         }
     }
 
+    /// Bit `T::TAG` set: a `T` of this tree keeps its count far
+    /// (`count_gap`).
+    const FAR_TAGS: usize = (far::<Leaf<V>>() as usize)
+        | (far::<N4<V>>() as usize) << 1
+        | (far::<N16<V>>() as usize) << 2
+        | (far::<N48<V>>() as usize) << 3
+        | (far::<N256<V>>() as usize) << 4
+        | (far::<D256<V>>() as usize) << 5;
+
+    /// `count_gap` of the node's type.
+    #[inline(always)]
+    fn gap(&self) -> usize {
+        if (Self::FAR_TAGS >> self.tag()) & 1 != 0 {
+            FAR
+        } else {
+            8
+        }
+    }
+
     #[inline(always)]
     fn tag(&self) -> usize {
         self.ptr.as_ptr().addr() & TAG_BITS
@@ -399,7 +451,7 @@ impl<V> Child<V> {
     #[inline(always)]
     pub(crate) fn is_unique(&self) -> bool {
         // SAFETY: `self` holds a count of a live node.
-        unsafe { count(self.node()) }.load(Ordering::Acquire) == 1
+        unsafe { count(self.node(), self.gap()) }.load(Ordering::Acquire) == 1
     }
 
     /// Exclusive access when nothing else counts a reference to the node.
@@ -439,7 +491,7 @@ impl<V> Child<V> {
         // SAFETY: the tag says the node is a `T` from a `NodeRc`; the count
         // taken here is the returned handle's.
         unsafe {
-            incr(self.node());
+            incr(self.node(), self.gap());
             Some(NodeRc {
                 ptr: NonNull::new_unchecked(self.node().cast::<T>().cast_mut()),
                 _owns: PhantomData,
@@ -457,7 +509,7 @@ impl<V> Child<V> {
     #[cfg(test)]
     pub(crate) fn strong_count(&self) -> usize {
         // SAFETY: `self` holds a count of a live node.
-        unsafe { count(self.node()) }.load(Ordering::Acquire)
+        unsafe { count(self.node(), self.gap()) }.load(Ordering::Acquire)
     }
 
     /// Frees the node once its last reference is gone.
@@ -484,7 +536,7 @@ impl<V> Clone for Child<V> {
     fn clone(&self) -> Self {
         // SAFETY: `self` holds a count of a live node; the new count is the
         // returned copy's.
-        unsafe { incr(self.node()) };
+        unsafe { incr(self.node(), self.gap()) };
         Child {
             ptr: self.ptr,
             _owns: PhantomData,
@@ -496,7 +548,7 @@ impl<V> Drop for Child<V> {
     #[inline(always)]
     fn drop(&mut self) {
         // SAFETY: `self` gives up its count.
-        if unsafe { decr(self.node()) } {
+        if unsafe { decr(self.node(), self.gap()) } {
             self.free();
         }
     }
@@ -547,6 +599,44 @@ mod tests {
         assert_eq!(a.kind_addr() % 64, 0);
         drop(a);
         assert!(b.is_unique());
+    }
+
+    /// A tree of 8-byte values keeps the counts of its node48s, node256s
+    /// and deltas far; a leaf with a large value is far too, and counts,
+    /// clones and frees through either distance (ASan in `.ci/run` checks
+    /// the addresses).
+    #[test]
+    fn far_counts() {
+        assert_eq!(Child::<u64>::FAR_TAGS, 0b111000);
+        assert_eq!(Child::<[u64; 32]>::FAR_TAGS & 1, 1);
+        let mut a = Child::leaf(b"key", [7u64; 32]);
+        assert_eq!(a.gap(), FAR);
+        let b = a.clone();
+        assert_eq!(a.strong_count(), 2);
+        assert!(a.get_mut().is_none());
+        drop(b);
+        match a.get_mut() {
+            Some(NodeMut::Leaf(l)) => l.value[0] = 9,
+            _ => panic!("a unique leaf"),
+        }
+        assert!(matches!(a.kind(), Kind::Leaf(l) if l.value[0] == 9 && l.value[1] == 7));
+        // Aligned past the gap: the node starts at the alignment, the count
+        // still `FAR` bytes before it.
+        #[derive(Clone)]
+        #[repr(align(128))]
+        struct Wider([u8; 200]);
+        let w = Child::leaf(b"k", Wider([1; 200]));
+        assert_eq!(w.kind_addr() % 128, 0);
+        let w2 = w.clone();
+        assert_eq!(w2.strong_count(), 2);
+        drop(w);
+        assert!(w2.is_unique());
+        assert!(matches!(w2.kind(), Kind::Leaf(l) if l.value.0[199] == 1));
+        let big = NodeRc::new([3u8; 300]);
+        let big2 = big.clone();
+        assert_eq!(NodeRc::count(&big), 2);
+        drop(big2);
+        assert!(NodeRc::is_unique(&big));
     }
 
     #[test]

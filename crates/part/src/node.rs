@@ -135,15 +135,17 @@ pub(crate) const D256_MAX: usize = 16;
 /// patch bitmap, then the patch or the base. Once full, the delta is
 /// flattened into a private node256 (taking the base's children outright
 /// when nothing else shares it).
+/// `repr(C)`, in this order: a lookup of a byte no patch hides reads the
+/// header, `base` and the patch map, all on the node's first line.
 #[repr(C)]
 pub(crate) struct D256<V> {
     pub(crate) h: Header,
+    /// Flat; its header and terminal are not used.
+    pub(crate) base: NodeRc<N256<V>>,
+    pub(crate) p: Patches<V>,
     pub(crate) terminal: Option<Child<V>>,
     /// Children present (patches applied).
     pub(crate) len: u16,
-    pub(crate) p: Patches<V>,
-    /// Flat; its header and terminal are not used.
-    pub(crate) base: NodeRc<N256<V>>,
 }
 
 impl<V> D256<V> {

@@ -49,7 +49,9 @@ fn each_bit(mut bits: u16, mut f: impl FnMut(usize)) {
 }
 
 /// Up to [`D256_MAX`] patched bytes of a delta: a new child, or `None` for a
-/// removed one.
+/// removed one. `repr(C)`: the map first, beside the delta's base (see
+/// [`crate::node::D256`]).
+#[repr(C)]
 pub(crate) struct Patches<V> {
     /// Bit `b` set: byte `b` is patched.
     patched: [u64; 4],
