@@ -14,7 +14,10 @@
 //! but the allocator: what this machine allows two threads), and
 //! `STATEDB_BENCH_WRITE_ELSEWHERE=1` sends each thread's writes to a table
 //! of its own in the shared database (the reads' table never changes, but
-//! every commit still replaces the database's root).
+//! every commit still replaces the database's root). `STATEDB_BENCH_STALE=1`
+//! has every thread read one snapshot taken before the clock starts (never
+//! a version the other thread wrote: what following new versions costs).
+//! `STATEDB_BENCH_ONLY=N` runs N threads alone, for a profiler.
 
 mod common;
 
@@ -46,6 +49,7 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
     // The diagnostics in the module docs.
     let private = std::env::var_os("STATEDB_BENCH_PRIVATE").is_some();
     let elsewhere = std::env::var_os("STATEDB_BENCH_WRITE_ELSEWHERE").is_some();
+    let stale = std::env::var_os("STATEDB_BENCH_STALE").is_some();
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let (shared, barrier) = (b.clone(), barrier.clone());
@@ -67,6 +71,7 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                 };
                 let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64);
                 let mut reader = b.db.reader();
+                let stale = stale.then(|| b.db.read_txn());
                 // A few KiB, allocated and touched before the clock starts:
                 // a list of every latency grew by tens of MiB inside the
                 // run (page faults and a copy on each doubling, both
@@ -88,7 +93,10 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                         wb.table.insert(&mut w, obj(id)).unwrap();
                         w.commit().unwrap();
                     } else {
-                        let r = reader.read_txn();
+                        let r = match &stale {
+                            Some(s) => s,
+                            None => reader.read_txn(),
+                        };
                         black_box(b.table.get(r, &b.by_id, &id).unwrap());
                     }
                     ops += 1;
@@ -255,7 +263,16 @@ fn main() {
     println!("KV95 key layout: {:?}", env_layout());
     let mut wall = Vec::new();
     let mut cpu = Vec::new();
+    let only: Option<usize> = std::env::var("STATEDB_BENCH_ONLY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0);
     for pair in 1..=pairs {
+        if let Some(n) = only {
+            let (x, _, p50, p99) = run(n, secs);
+            println!("KV95 {n} thread(s) only: {x:>10.0} ops/s  p50 {p50} ns  p99 {p99} ns");
+            continue;
+        }
         let (one, one_cpu, p50_1, p99_1) = run(1, secs);
         println!(
             "KV95 1 thread : {one:>10.0} ops/s  ({one_cpu:>10.0} ops per CPU-second)  p50 {p50_1} ns  p99 {p99_1} ns"
