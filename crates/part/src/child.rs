@@ -2,10 +2,10 @@
 //!
 //! Every node lives in its own allocation with an atomic strong count
 //! before it ([`NodeRc`]): in the 8 bytes right before a small node, 64
-//! bytes before a large one (node48, node256, delta; see [`far`]). A
+//! bytes before a large one (node48, node256, delta; see [`Counted`]). A
 //! [`Child`] is a pointer to a node of any kind with the kind in its three
 //! low bits (nodes are 8-byte aligned, checked at compile time). Because
-//! the count's place depends only on the node's size, cloning, dropping
+//! the count's place follows from the kind's tag, cloning, dropping
 //! (until the last reference) and the uniqueness test of a copy-on-write
 //! never branch on the kind (the distance is a select on the tag), and a
 //! view of the node ([`Child::kind`]) is two bit operations. An
@@ -42,27 +42,29 @@ use crate::node::{Leaf, NodeMut, D256, N16, N256, N4, N48};
 /// not wrap around to zero and free a live node.
 const MAX_COUNT: usize = isize::MAX as usize;
 
-/// Nodes at least this large keep their count [`FAR`] bytes before them.
-const FAR_MIN: usize = 192;
-
-/// Whether a `T`'s count sits [`FAR`] bytes before it rather than 8: then
-/// it is never on the node's first cache line, which every lookup through
-/// the node reads (its segment). Copying a parent, flattening a delta and
+/// Where a node type keeps its count: [`FAR`] bytes before the node, or 8.
+///
+/// Far for the large kinds (node48, node256, delta): then the count is
+/// never on the node's first cache line, which every lookup through the
+/// node reads (its segment). Copying a parent, flattening a delta and
 /// freeing a superseded version write the counts of the children they
 /// share, and with the count on that line each such write took the line
 /// from every other core reading through the child (KV95 with two
-/// threads, design.md "Node layout"). Small nodes keep it adjacent: 56
-/// more bytes would double a node4 or a leaf.
-const fn far<T>() -> bool {
-    std::mem::size_of::<T>() >= FAR_MIN
+/// threads, design.md "Node layout"). Leaves and small nodes keep it
+/// adjacent: 56 more bytes would double a node4 or a leaf.
+pub(crate) trait Counted {
+    const FAR: bool = false;
 }
 
 /// How far before a far node its count sits.
 const FAR: usize = 64;
 
+/// Tags from this one on are the far kinds ([`Child::gap`]).
+const FAR_TAG: usize = 3;
+
 /// The count's distance before a `T`.
-const fn count_gap<T>() -> usize {
-    if far::<T>() {
+const fn count_gap<T: Counted>() -> usize {
+    if T::FAR {
         FAR
     } else {
         8
@@ -71,7 +73,7 @@ const fn count_gap<T>() -> usize {
 
 /// The allocation for a `T`: the count at `node - count_gap`, the node at
 /// `off`.
-const fn layout<T>() -> (Layout, usize) {
+const fn layout<T: Counted>() -> (Layout, usize) {
     let align = if std::mem::align_of::<T>() > 8 {
         std::mem::align_of::<T>()
     } else {
@@ -87,7 +89,7 @@ const fn layout<T>() -> (Layout, usize) {
 
 /// Allocates a count of 1 and room for a `T` after it; returns the (not yet
 /// initialised) node's address.
-fn alloc<T>() -> NonNull<T> {
+fn alloc<T: Counted>() -> NonNull<T> {
     let (layout, off) = layout::<T>();
     // SAFETY: the layout has a non-zero size (it holds the count).
     let base = unsafe { crate::big::alloc(layout) };
@@ -160,7 +162,7 @@ unsafe fn decr(node: *const u8, gap: usize) -> bool {
 /// # Safety
 /// `node` came from [`alloc::<T>`], is initialised, and nothing references
 /// it any more.
-unsafe fn free<T>(node: *mut T) {
+unsafe fn free<T: Counted>(node: *mut T) {
     let (layout, off) = layout::<T>();
     // SAFETY: the caller owns the last reference to an initialised `T` in
     // an allocation of `layout` that starts `off` bytes before it.
@@ -172,18 +174,18 @@ unsafe fn free<T>(node: *mut T) {
 
 /// A counted node of a known kind (an `Arc` without a weak count, with the
 /// count where [`Child`] expects it).
-pub(crate) struct NodeRc<T> {
+pub(crate) struct NodeRc<T: Counted> {
     ptr: NonNull<T>,
     _owns: PhantomData<T>,
 }
 
 // SAFETY: as `Arc<T>`: the node is shared between threads (`Sync`) and
 // dropped by whichever holds the last reference (`Send`).
-unsafe impl<T: Send + Sync> Send for NodeRc<T> {}
+unsafe impl<T: Counted + Send + Sync> Send for NodeRc<T> {}
 // SAFETY: as for `Send`.
-unsafe impl<T: Send + Sync> Sync for NodeRc<T> {}
+unsafe impl<T: Counted + Send + Sync> Sync for NodeRc<T> {}
 
-impl<T> NodeRc<T> {
+impl<T: Counted> NodeRc<T> {
     pub(crate) fn new(node: T) -> Self {
         let ptr = alloc::<T>();
         // SAFETY: `alloc` returned room for a `T`.
@@ -238,7 +240,7 @@ impl<T> NodeRc<T> {
     }
 }
 
-impl<T> Deref for NodeRc<T> {
+impl<T: Counted> Deref for NodeRc<T> {
     type Target = T;
     #[inline(always)]
     fn deref(&self) -> &T {
@@ -247,7 +249,7 @@ impl<T> Deref for NodeRc<T> {
     }
 }
 
-impl<T> Clone for NodeRc<T> {
+impl<T: Counted> Clone for NodeRc<T> {
     #[inline(always)]
     fn clone(&self) -> Self {
         // SAFETY: `self` holds a count of a live node.
@@ -259,7 +261,7 @@ impl<T> Clone for NodeRc<T> {
     }
 }
 
-impl<T> Drop for NodeRc<T> {
+impl<T: Counted> Drop for NodeRc<T> {
     #[inline(always)]
     fn drop(&mut self) {
         // SAFETY: `self` gives up its count; after the last one nothing
@@ -273,22 +275,22 @@ impl<T> Drop for NodeRc<T> {
 }
 
 /// A [`NodeRc`] known to be the only reference: mutable until shared.
-pub(crate) struct UniqueRc<T>(NodeRc<T>);
+pub(crate) struct UniqueRc<T: Counted>(NodeRc<T>);
 
-impl<T> UniqueRc<T> {
+impl<T: Counted> UniqueRc<T> {
     pub(crate) fn shareable(self) -> NodeRc<T> {
         self.0
     }
 }
 
-impl<T> Deref for UniqueRc<T> {
+impl<T: Counted> Deref for UniqueRc<T> {
     type Target = T;
     fn deref(&self) -> &T {
         &self.0
     }
 }
 
-impl<T> DerefMut for UniqueRc<T> {
+impl<T: Counted> DerefMut for UniqueRc<T> {
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: a `UniqueRc` is made from a fresh allocation and never
         // cloned, so its count is 1 and it is the only reference.
@@ -299,11 +301,27 @@ impl<T> DerefMut for UniqueRc<T> {
 const TAG_BITS: usize = 0b111;
 
 /// A node type a [`Child`] can point to, with its kind's tag.
-pub(crate) trait Node<V>: Sized {
+pub(crate) trait Node<V>: Sized + Counted {
     const TAG: usize;
+    /// Evaluated wherever a pointer is tagged: [`Child::gap`] finds the
+    /// count's distance from the tag.
+    const FAR_BY_TAG: () = assert!(Self::FAR == (Self::TAG >= FAR_TAG));
     /// Evaluated wherever a pointer is tagged: the tag needs the three low
     /// bits of an 8-aligned address.
     const ALIGNED: () = assert!(std::mem::align_of::<Self>() >= 8);
+}
+
+impl<V> Counted for Leaf<V> {}
+impl<V> Counted for N4<V> {}
+impl<V> Counted for N16<V> {}
+impl<V> Counted for N48<V> {
+    const FAR: bool = true;
+}
+impl<V> Counted for N256<V> {
+    const FAR: bool = true;
+}
+impl<V> Counted for D256<V> {
+    const FAR: bool = true;
 }
 
 impl<V> Node<V> for Leaf<V> {
@@ -387,6 +405,8 @@ impl<V> Child<V> {
     pub(crate) fn new<T: Node<V>>(rc: NodeRc<T>) -> Self {
         #[allow(clippy::let_unit_value)]
         let () = T::ALIGNED;
+        #[allow(clippy::let_unit_value)]
+        let () = T::FAR_BY_TAG;
         let raw = rc.ptr.as_ptr().cast::<u8>();
         std::mem::forget(rc);
         Child {
@@ -397,19 +417,11 @@ impl<V> Child<V> {
         }
     }
 
-    /// Bit `T::TAG` set: a `T` of this tree keeps its count far
-    /// (`count_gap`).
-    const FAR_TAGS: usize = (far::<Leaf<V>>() as usize)
-        | (far::<N4<V>>() as usize) << 1
-        | (far::<N16<V>>() as usize) << 2
-        | (far::<N48<V>>() as usize) << 3
-        | (far::<N256<V>>() as usize) << 4
-        | (far::<D256<V>>() as usize) << 5;
-
-    /// `count_gap` of the node's type.
+    /// `count_gap` of the node's type (one compare: the far kinds have the
+    /// highest tags, checked by `Node::FAR_BY_TAG`).
     #[inline(always)]
     fn gap(&self) -> usize {
-        if (Self::FAR_TAGS >> self.tag()) & 1 != 0 {
+        if self.tag() >= FAR_TAG {
             FAR
         } else {
             8
@@ -601,43 +613,50 @@ mod tests {
         assert!(b.is_unique());
     }
 
-    /// A tree of 8-byte values keeps the counts of its node48s, node256s
-    /// and deltas far; a leaf with a large value is far too, and counts,
-    /// clones and frees through either distance (ASan in `.ci/run` checks
-    /// the addresses).
+    /// Counts `FAR` bytes before a node: clones, releases and the
+    /// uniqueness test find them (ASan in `.ci/run` checks the addresses),
+    /// also past a larger alignment; a `Child` of a far kind looks there.
     #[test]
     fn far_counts() {
-        assert_eq!(Child::<u64>::FAR_TAGS, 0b111000);
-        assert_eq!(Child::<[u64; 32]>::FAR_TAGS & 1, 1);
-        let mut a = Child::leaf(b"key", [7u64; 32]);
-        assert_eq!(a.gap(), FAR);
-        let b = a.clone();
-        assert_eq!(a.strong_count(), 2);
-        assert!(a.get_mut().is_none());
-        drop(b);
-        match a.get_mut() {
-            Some(NodeMut::Leaf(l)) => l.value[0] = 9,
-            _ => panic!("a unique leaf"),
+        struct Big([u8; 300]);
+        impl Counted for Big {
+            const FAR: bool = true;
         }
-        assert!(matches!(a.kind(), Kind::Leaf(l) if l.value[0] == 9 && l.value[1] == 7));
-        // Aligned past the gap: the node starts at the alignment, the count
-        // still `FAR` bytes before it.
-        #[derive(Clone)]
+        let a = NodeRc::new(Big([3; 300]));
+        let b = a.clone();
+        assert_eq!(NodeRc::count(&a), 2);
+        assert!(!NodeRc::is_unique(&a));
+        drop(b);
+        assert!(NodeRc::is_unique(&a) && a.0[299] == 3);
         #[repr(align(128))]
         struct Wider([u8; 200]);
-        let w = Child::leaf(b"k", Wider([1; 200]));
-        assert_eq!(w.kind_addr() % 128, 0);
+        impl Counted for Wider {
+            const FAR: bool = true;
+        }
+        assert_eq!(layout::<Wider>().1, 128);
+        let w = NodeRc::new(Wider([1; 200]));
+        assert_eq!(w.ptr.as_ptr().addr() % 128, 0);
         let w2 = w.clone();
-        assert_eq!(w2.strong_count(), 2);
+        assert_eq!(NodeRc::count(&w2), 2);
         drop(w);
-        assert!(w2.is_unique());
-        assert!(matches!(w2.kind(), Kind::Leaf(l) if l.value.0[199] == 1));
-        let big = NodeRc::new([3u8; 300]);
-        let big2 = big.clone();
-        assert_eq!(NodeRc::count(&big), 2);
-        drop(big2);
-        assert!(NodeRc::is_unique(&big));
+        assert!(NodeRc::is_unique(&w2) && w2.0[199] == 1);
+        // Every kind's tag agrees with where its count is.
+        let n4 = Child::<u8>::empty_inner(b"");
+        assert_eq!(n4.gap(), 8);
+        assert_eq!(Child::leaf(b"k", [7u64; 32]).gap(), 8);
+        for (tag, far) in [
+            (<Leaf<u8> as Node<u8>>::TAG, <Leaf<u8> as Counted>::FAR),
+            (<N4<u8> as Node<u8>>::TAG, <N4<u8> as Counted>::FAR),
+            (<N16<u8> as Node<u8>>::TAG, <N16<u8> as Counted>::FAR),
+            (<N48<u8> as Node<u8>>::TAG, <N48<u8> as Counted>::FAR),
+            (<N256<u8> as Node<u8>>::TAG, <N256<u8> as Counted>::FAR),
+            (<D256<u8> as Node<u8>>::TAG, <D256<u8> as Counted>::FAR),
+        ] {
+            assert_eq!(far, tag >= FAR_TAG, "tag {tag}");
+        }
     }
+
+    impl Counted for u64 {}
 
     #[test]
     fn node_rc_counts() {

@@ -131,19 +131,20 @@ pub(crate) const D256_MAX: usize = 16;
 /// removed one). Copying a node256 for a write would take a reference on
 /// each of its up to 256 children (and release as many when the old version
 /// is freed); a delta takes one on the base, and its patches are mostly lent
-/// by the version it was copied from (`patches.rs`). Lookups check the
-/// patch bitmap, then the patch or the base. Once full, the delta is
+/// by the version it was copied from (`patches.rs`). Lookups search the
+/// patch keys, then read the patch or the base. Once full, the delta is
 /// flattened into a private node256 (taking the base's children outright
 /// when nothing else shares it).
-/// `repr(C)`, in this order: a lookup of a byte no patch hides reads the
-/// header, `base` and the patch map, all on the node's first line.
+/// `repr(C)`: the header and terminal where every kind has them, then
+/// `base` and the patch keys, so that a lookup reads one line of the delta
+/// (see `Patches`).
 #[repr(C)]
 pub(crate) struct D256<V> {
     pub(crate) h: Header,
+    pub(crate) terminal: Option<Child<V>>,
     /// Flat; its header and terminal are not used.
     pub(crate) base: NodeRc<N256<V>>,
     pub(crate) p: Patches<V>,
-    pub(crate) terminal: Option<Child<V>>,
     /// Children present (patches applied).
     pub(crate) len: u16,
 }

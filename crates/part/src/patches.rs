@@ -49,18 +49,19 @@ fn each_bit(mut bits: u16, mut f: impl FnMut(usize)) {
 }
 
 /// Up to [`D256_MAX`] patched bytes of a delta: a new child, or `None` for a
-/// removed one. `repr(C)`: the map first, beside the delta's base (see
-/// [`crate::node::D256`]).
+/// removed one. `repr(C)`, the keys and their count first: with the
+/// delta's header and base they fill its first cache line, and a lookup
+/// searches them without reading the map (`index`).
 #[repr(C)]
 pub(crate) struct Patches<V> {
-    /// Bit `b` set: byte `b` is patched.
-    patched: [u64; 4],
     keys: [u8; D256_MAX],
     /// Patches used.
     n: u8,
     /// Bit `i` set: `children[i]` is a bitwise copy of the lender's patch,
     /// for which this array holds no reference.
     lent: u16,
+    /// Bit `b` set: byte `b` is patched.
+    patched: [u64; 4],
     /// Emptied by `Drop` (through `drop_children`, which bounds recursion),
     /// so the array's own drop glue would only scan the slots again.
     children: ManuallyDrop<[Option<Child<V>>; D256_MAX]>,
@@ -105,11 +106,7 @@ impl<V> Patches<V> {
     /// The patch index of byte `b`.
     #[inline(always)]
     pub(crate) fn index(&self, b: u8) -> Option<usize> {
-        if self.is_patched(b) {
-            simd::find16(&self.keys, self.len(), b)
-        } else {
-            None
-        }
+        simd::find16(&self.keys, self.len(), b)
     }
 
     /// The byte patch `i` is for.
