@@ -135,9 +135,10 @@ pub(crate) const D256_MAX: usize = 16;
 /// patch keys, then read the patch or the base. Once full, the delta is
 /// flattened into a private node256 (taking the base's children outright
 /// when nothing else shares it).
+///
 /// `repr(C)`: the header and terminal where every kind has them, then
-/// `base` and the patch keys, so that a lookup reads one line of the delta
-/// (see `Patches`).
+/// `base` and the patch keys, so that what a lookup reads of the delta
+/// lies in its first 64 bytes (see `Patches`).
 #[repr(C)]
 pub(crate) struct D256<V> {
     pub(crate) h: Header,

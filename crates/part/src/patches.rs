@@ -50,7 +50,7 @@ fn each_bit(mut bits: u16, mut f: impl FnMut(usize)) {
 
 /// Up to [`D256_MAX`] patched bytes of a delta: a new child, or `None` for a
 /// removed one. `repr(C)`, the keys and their count first: with the
-/// delta's header and base they fill its first cache line, and a lookup
+/// delta's header and base they fill its first 64 bytes, and a lookup
 /// searches them without reading the map (`index`).
 #[repr(C)]
 pub(crate) struct Patches<V> {
