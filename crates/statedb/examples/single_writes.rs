@@ -7,7 +7,8 @@
 //! (`new`: every row is a new object, ids counting up from `OBJECTS`)
 //! (`ROWS` per transaction, default 1; `perm`: each transaction rewrites
 //! the whole table in one shuffled order; `STATEDB_EXTRA_TABLES=N`: N more
-//! tables in the database)
+//! tables in the database, created before the written one with
+//! `STATEDB_EXTRA_BEFORE=1`)
 
 // The benchmark suite's fixtures: `TestObject`, tables, `fill`.
 #[path = "../benches/common.rs"]
@@ -42,17 +43,24 @@ fn main() {
     // STATEDB_BENCH_INLINE_FREE=1: no background thread (commits free what
     // they supersede either way).
     let db = Db::with_options(common::env_db_options());
-    let b = new_db_named(&db, "test", false);
-    fill(&b, objects);
     // STATEDB_EXTRA_TABLES=N: N more (empty) tables in the database, which
-    // every commit's new root vector carries along.
+    // every commit's new root vector carries along; created before the
+    // written table with STATEDB_EXTRA_BEFORE=1 (which then has the last
+    // id: its root lies in the root vector's last chunk, not its head).
     let extra: usize = std::env::var("STATEDB_EXTRA_TABLES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let _others: Vec<_> = (0..extra)
-        .map(|i| new_db_named(&db, &format!("other{i}"), false))
-        .collect();
+    let before = std::env::var_os("STATEDB_EXTRA_BEFORE").is_some();
+    let others = |from: usize, n: usize| -> Vec<_> {
+        (from..from + n)
+            .map(|i| new_db_named(&db, &format!("other{i}"), false))
+            .collect()
+    };
+    let _first = others(0, if before { extra } else { 0 });
+    let b = new_db_named(&db, "test", false);
+    fill(&b, objects);
+    let _after = others(extra, if before { 0 } else { extra });
     let table = &b.table;
     // The suite's shuffled order (`perm`), and a fixed pseudo-random
     // sequence of ids (xorshift), the same in every run.

@@ -3,7 +3,6 @@
 
 use std::any::Any;
 use std::cell::Cell;
-use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::Thread;
@@ -24,49 +23,107 @@ use crate::table::{
 use crate::txn::{Locked, ReadTxn, Reader, WriteTxn};
 use crate::{Error, Result, Revision};
 
+/// A table's committed root (a `TableRoot<T>`), type-erased.
+pub(crate) type AnyRoot = Arc<dyn Any + Send + Sync>;
+
+/// Tables whose roots sit in the root vector itself.
+const HEAD: usize = 2;
+/// Roots per shared chunk past the first [`HEAD`].
+const CHUNK: usize = 8;
+
+/// A run of [`CHUNK`] table roots that versions share until a commit
+/// writes one of its tables.
+type Chunk = SmallVec<[AnyRoot; CHUNK]>;
+
 /// The published state: one root per table, indexed by table id, and the
 /// thread that published it.
 ///
-/// Two roots sit inline, so that for up to two tables the reference counts
-/// and the roots are one 64-byte allocation: a thread reading a version
-/// another core published fetches one line where a `Vec`'s buffer made two
-/// (each ~200 ns when the other core wrote it last, on the 2-vCPU Intel VM).
+/// The first two roots sit inline beside the reference counts: a thread
+/// reading a version another core published fetches one line for them
+/// where a `Vec`'s buffer made two (each ~200 ns when the other core wrote
+/// it last, on the 2-vCPU Intel VM). The others lie in chunks of eight,
+/// whose pointers sit inline up to three chunks (26 tables in all); a
+/// commit copies only the chunks whose tables it writes and shares the
+/// rest, so that it takes a reference on the first two roots, each chunk
+/// and the roots of the chunks it writes, not on every table's root.
 #[derive(Default)]
 pub(crate) struct Roots {
-    tables: SmallVec<[Arc<dyn Any + Send + Sync>; 2]>,
+    head: [Option<AnyRoot>; HEAD],
+    /// Tables `HEAD..`, `CHUNK` to a chunk, every chunk but the last full.
+    chunks: SmallVec<[Arc<Chunk>; 3]>,
     /// [`thread_tag`] of the publishing thread, which allocated most of
     /// what this version alone holds (its commit's copied path).
     by: u64,
 }
 
-// With the `Arc`'s two counts: 64 bytes.
-const _: () = assert!(std::mem::size_of::<Roots>() == 48);
+// 96 bytes with the `Arc`'s counts (80 before chunks spill).
+const _: () = assert!(std::mem::size_of::<Roots>() <= 96);
 
 impl Roots {
+    /// Table `id`'s root.
+    #[inline]
+    pub(crate) fn get(&self, id: usize) -> Option<&AnyRoot> {
+        match id.checked_sub(HEAD) {
+            None => self.head[id].as_ref(),
+            Some(i) => self.chunks.get(i / CHUNK)?.get(i % CHUNK),
+        }
+    }
+
+    /// The number of tables.
+    pub(crate) fn len(&self) -> usize {
+        self.head.iter().flatten().count() + self.chunks.iter().map(|c| c.len()).sum::<usize>()
+    }
+
+    /// Adds the root of the next table (`id == len()`).
+    fn push(&mut self, root: AnyRoot) {
+        if let Some(slot) = self.head.iter_mut().find(|s| s.is_none()) {
+            *slot = Some(root);
+            return;
+        }
+        match self.chunks.last_mut() {
+            Some(last) if last.len() < CHUNK => Arc::make_mut(last).push(root),
+            _ => self.chunks.push(Arc::new(std::iter::once(root).collect())),
+        }
+    }
+
     /// A copy to be published by this thread, with table `i`'s root
     /// taken from `new(i)` where that gives one (not cloned and then
     /// replaced: a count increment and decrement on a line the previous
-    /// committer wrote).
-    fn successor(&self, mut new: impl FnMut(usize) -> Option<Arc<dyn Any + Send + Sync>>) -> Roots {
+    /// committer wrote). A chunk none of whose tables `new` replaces is
+    /// shared.
+    fn successor(&self, mut new: impl FnMut(usize) -> Option<AnyRoot>) -> Roots {
+        let head = std::array::from_fn(|i| {
+            let r = self.head[i].as_ref()?;
+            Some(new(i).unwrap_or_else(|| r.clone()))
+        });
+        let chunks = (self.chunks.iter().enumerate())
+            .map(|(c, chunk)| {
+                let first = HEAD + c * CHUNK;
+                let mut fresh: SmallVec<[(usize, AnyRoot); 2]> = SmallVec::new();
+                for k in 0..chunk.len() {
+                    if let Some(r) = new(first + k) {
+                        fresh.push((k, r));
+                    }
+                }
+                if fresh.is_empty() {
+                    return chunk.clone();
+                }
+                let mut fresh = fresh.into_iter().peekable();
+                Arc::new(
+                    (chunk.iter().enumerate())
+                        .map(|(k, r)| match fresh.next_if(|(j, _)| *j == k) {
+                            Some((_, n)) => n,
+                            None => r.clone(),
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
         Roots {
-            tables: (self.tables.iter().enumerate())
-                .map(|(i, r)| new(i).unwrap_or_else(|| r.clone()))
-                .collect(),
+            head,
+            chunks,
             by: thread_tag(),
         }
-    }
-}
-
-impl Deref for Roots {
-    type Target = SmallVec<[Arc<dyn Any + Send + Sync>; 2]>;
-    fn deref(&self) -> &Self::Target {
-        &self.tables
-    }
-}
-
-impl DerefMut for Roots {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.tables
     }
 }
 
@@ -724,5 +781,51 @@ impl<T: Storable> TableOps for TableInner<T> {
         drop(notifier);
         self.meta.metrics.graveyard_size(left);
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root(v: usize) -> AnyRoot {
+        Arc::new(v)
+    }
+
+    fn value(r: &Roots, id: usize) -> Option<usize> {
+        r.get(id).and_then(|a| a.downcast_ref::<usize>()).copied()
+    }
+
+    /// A successor copies the head and the chunks it writes; every other
+    /// chunk is the same allocation.
+    #[test]
+    fn successor_shares_unwritten_chunks() {
+        let mut r = Roots::default();
+        for v in 0..40 {
+            assert_eq!(r.len(), v);
+            r.push(root(v));
+        }
+        assert_eq!(r.len(), 40);
+        assert!((0..40).all(|v| value(&r, v) == Some(v)));
+        assert_eq!(value(&r, 40), None);
+        let same = |a: &Roots, b: &Roots, c: usize| Arc::ptr_eq(&a.chunks[c], &b.chunks[c]);
+        // Head only: every chunk is shared.
+        let s = r.successor(|i| (i == 1).then(|| root(100)));
+        assert!((0..4).all(|c| same(&r, &s, c)));
+        assert_eq!((value(&s, 0), value(&s, 1)), (Some(0), Some(100)));
+        // Table 12 lies in the second chunk (tables 10..18).
+        let t = s.successor(|i| (i == 12).then(|| root(112)));
+        assert!(same(&s, &t, 0) && !same(&s, &t, 1) && same(&s, &t, 2) && same(&s, &t, 3));
+        let want: Vec<usize> = (0..40)
+            .map(|v| match v {
+                1 => 100,
+                12 => 112,
+                v => v,
+            })
+            .collect();
+        assert!((0..40).all(|v| value(&t, v) == Some(want[v])));
+        // The old versions are untouched.
+        assert_eq!(value(&s, 12), Some(12));
+        assert_eq!(value(&r, 1), Some(1));
     }
 }
