@@ -56,7 +56,9 @@ pub(crate) struct Roots {
     by: u64,
 }
 
-// 96 bytes with the `Arc`'s counts (80 before chunks spill).
+// `head` first: the `Arc`'s two counts and the two inline roots are the
+// allocation's first 48 bytes.
+const _: () = assert!(std::mem::offset_of!(Roots, head) == 0);
 const _: () = assert!(std::mem::size_of::<Roots>() <= 96);
 
 impl Roots {
