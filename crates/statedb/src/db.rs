@@ -101,6 +101,8 @@ impl Roots {
         let chunks = (self.chunks.iter().enumerate())
             .map(|(c, chunk)| {
                 let first = HEAD + c * CHUNK;
+                // Sparse: collecting all eight slots of every chunk (most
+                // `None`) cost 60 ns per commit with 64 tables.
                 let mut fresh: SmallVec<[(usize, AnyRoot); 2]> = SmallVec::new();
                 for k in 0..chunk.len() {
                     if let Some(r) = new(first + k) {
