@@ -20,7 +20,7 @@ pub(crate) struct Bench {
 }
 
 pub(crate) fn new_db(secondary: bool) -> Bench {
-    new_db_named(&Db::with_options(DbOptions::default()), "test", secondary)
+    new_db_named(&Db::with_options(env_db_options()), "test", secondary)
 }
 
 pub(crate) fn new_db_layout(secondary: bool, key_layout: KeyLayout) -> Bench {
@@ -39,12 +39,21 @@ pub(crate) fn new_db_layout(secondary: bool, key_layout: KeyLayout) -> Bench {
 /// `STATEDB_BENCH_INLINE_FREE=1`: no background collector (snapshots a
 /// reader drops last are freed by that reader; commits free what they
 /// supersede either way).
+///
+/// `STATEDB_BENCH_TIME_ONE_IN=N`: time one write transaction in N per
+/// table (`DbOptions::time_one_in`; 1: every one).
 pub(crate) fn env_db_options() -> DbOptions {
+    let mut o = DbOptions::default();
     if std::env::var_os("STATEDB_BENCH_INLINE_FREE").is_some() {
-        DbOptions { gc_interval: None }
-    } else {
-        DbOptions::default()
+        o.gc_interval = None;
     }
+    if let Some(n) = std::env::var("STATEDB_BENCH_TIME_ONE_IN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        o.time_one_in = n;
+    }
+    o
 }
 
 pub(crate) fn new_db_named(db: &Db, name: &str, secondary: bool) -> Bench {

@@ -139,15 +139,14 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
     );
     let wall = t_run.elapsed();
     let after = lock_figures(&b);
-    let (writes, waited, held) = (
-        after.0 - before.0,
-        after.1.saturating_sub(before.1),
-        after.2.saturating_sub(before.2),
-    );
+    let (writes, waited) = (after.0 - before.0, after.1.saturating_sub(before.1));
+    // Holds are timed in one transaction in `DbOptions::time_one_in`.
+    let per_hold =
+        after.3.saturating_sub(before.3).as_secs_f64() / (after.2 - before.2).max(1) as f64;
     println!(
         "  {threads} thread(s): {writes} write txns; the table's write lock held {:.0}% of the run ({:.2} µs per txn), waited for {:.0}% of it ({:.2} µs per txn, summed over threads)",
-        100.0 * held.as_secs_f64() / wall.as_secs_f64(),
-        held.as_secs_f64() * 1e6 / writes.max(1) as f64,
+        100.0 * per_hold * writes as f64 / wall.as_secs_f64(),
+        per_hold * 1e6,
         100.0 * waited.as_secs_f64() / wall.as_secs_f64(),
         waited.as_secs_f64() * 1e6 / writes.max(1) as f64,
     );
@@ -235,12 +234,16 @@ fn check_hist() {
     assert!((h.pct(0.99) as f64 - 990.0).abs() < 990.0 * 0.04);
 }
 
-/// (write-lock acquisitions, total wait, total hold) of the bench's table.
-fn lock_figures(b: &Bench) -> (u64, Duration, Duration) {
+/// (write-lock acquisitions, total wait, timed holds, their total) of the
+/// bench's table.
+fn lock_figures(b: &Bench) -> (u64, Duration, u64, Duration) {
     b.db.stats()
         .into_iter()
         .find(|s| s.name == b.table.name())
-        .map(|s| (s.lock_wait.0, s.lock_wait.1, s.lock_hold.1))
+        .map(|s| {
+            let (w, h) = (s.lock_wait, s.lock_hold);
+            (w.count, w.total, h.timed, h.total)
+        })
         .unwrap_or_default()
 }
 

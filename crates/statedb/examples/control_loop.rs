@@ -179,7 +179,7 @@ fn main() -> Result<(), statedb::Error> {
     for s in db.stats() {
         println!(
             "stats: {} objects={} revision={} graveyard={} commits={}",
-            s.name, s.objects, s.revision, s.graveyard, s.commit.0
+            s.name, s.objects, s.revision, s.graveyard, s.commit.count
         );
     }
     Ok(())

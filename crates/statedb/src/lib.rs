@@ -70,6 +70,7 @@ pub use error::Error;
 pub use index::{AnyIndex, Index};
 pub use init::Initializer;
 pub use key::{escape_nonunique, IpPrefix, Key, KeyLayout};
+pub use metrics::Timings;
 pub use object::Object;
 pub use part::{Watch, WatchSet};
 pub use table::{AnyTable, ByRevision, Objects, Storable, Table};

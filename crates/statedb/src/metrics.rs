@@ -12,16 +12,47 @@
 //! | `statedb_write_lock_wait_seconds` | histogram |
 //! | `statedb_write_lock_hold_seconds` | histogram |
 //! | `statedb_commit_seconds` | histogram |
+//! | `statedb_commits_total` | counter |
+//!
+//! Every lock acquisition is timed (an uncontended one reads no clock: it
+//! waited zero). Lock holds and commits are timed in one transaction in
+//! [`crate::DbOptions::time_one_in`] per table: the two histograms hold
+//! those samples, while the commit counter and [`Timings::count`] count
+//! every one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use metrics::{Gauge, Histogram};
+use metrics::{Counter, Gauge, Histogram};
 
-/// A running total of durations.
+/// How many times something happened, and how long the timed ones took,
+/// as [`crate::Db::stats`] reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Timings {
+    /// Events.
+    pub count: u64,
+    /// Events timed (all lock waits; one hold and one commit in
+    /// [`crate::DbOptions::time_one_in`]).
+    pub timed: u64,
+    /// Their total duration.
+    pub total: Duration,
+    /// The longest of them.
+    pub max: Duration,
+}
+
+impl Timings {
+    /// The mean duration of the timed events.
+    pub fn mean(&self) -> Option<Duration> {
+        let n = u32::try_from(self.timed).ok().filter(|&n| n > 0)?;
+        Some(self.total / n)
+    }
+}
+
+/// A running count and total of durations.
 #[derive(Default, Debug)]
 pub(crate) struct Timing {
     count: AtomicU64,
+    timed: AtomicU64,
     nanos: AtomicU64,
     max_nanos: AtomicU64,
 }
@@ -32,24 +63,27 @@ impl Timing {
     /// figure were ~3% of a single-row commit). Readers of
     /// [`Timing::snapshot`] may see the three fields from different
     /// commits; each is still a true figure.
-    fn record(&self, d: Duration) {
-        let n = d.as_nanos().min(u64::MAX as u128) as u64;
+    fn record(&self, d: Option<Duration>) {
         let add = |a: &AtomicU64, v: u64| {
             a.store(a.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed)
         };
         add(&self.count, 1);
+        let Some(d) = d else { return };
+        let n = d.as_nanos().min(u64::MAX as u128) as u64;
+        add(&self.timed, 1);
         add(&self.nanos, n);
         if n > self.max_nanos.load(Ordering::Relaxed) {
             self.max_nanos.store(n, Ordering::Relaxed);
         }
     }
 
-    pub(crate) fn snapshot(&self) -> (u64, Duration, Duration) {
-        (
-            self.count.load(Ordering::Relaxed),
-            Duration::from_nanos(self.nanos.load(Ordering::Relaxed)),
-            Duration::from_nanos(self.max_nanos.load(Ordering::Relaxed)),
-        )
+    pub(crate) fn snapshot(&self) -> Timings {
+        Timings {
+            count: self.count.load(Ordering::Relaxed),
+            timed: self.timed.load(Ordering::Relaxed),
+            total: Duration::from_nanos(self.nanos.load(Ordering::Relaxed)),
+            max: Duration::from_nanos(self.max_nanos.load(Ordering::Relaxed)),
+        }
     }
 }
 
@@ -60,6 +94,7 @@ pub(crate) struct TableMetrics {
     lock_wait_h: Histogram,
     lock_hold_h: Histogram,
     commit_h: Histogram,
+    commits: Counter,
     pub(crate) lock_wait: Timing,
     pub(crate) lock_hold: Timing,
     pub(crate) commit: Timing,
@@ -74,7 +109,8 @@ impl TableMetrics {
             graveyard: metrics::gauge!("statedb_table_graveyard_objects", "table" => t.clone()),
             lock_wait_h: metrics::histogram!("statedb_write_lock_wait_seconds", "table" => t.clone()),
             lock_hold_h: metrics::histogram!("statedb_write_lock_hold_seconds", "table" => t.clone()),
-            commit_h: metrics::histogram!("statedb_commit_seconds", "table" => t),
+            commit_h: metrics::histogram!("statedb_commit_seconds", "table" => t.clone()),
+            commits: metrics::counter!("statedb_commits_total", "table" => t),
             lock_wait: Timing::default(),
             lock_hold: Timing::default(),
             commit: Timing::default(),
@@ -83,20 +119,33 @@ impl TableMetrics {
 
     /// Called by the new holder of the table's write lock.
     pub(crate) fn lock_waited(&self, d: Duration) {
-        self.lock_wait.record(d);
+        self.lock_wait.record(Some(d));
         self.lock_wait_h.record(d.as_secs_f64());
     }
 
-    /// Called before the holder releases the table's write lock.
-    pub(crate) fn lock_held(&self, d: Duration) {
+    /// Called before the holder releases the table's write lock (`d`: the
+    /// hold, if it was timed).
+    pub(crate) fn lock_held(&self, d: Option<Duration>) {
         self.lock_hold.record(d);
-        self.lock_hold_h.record(d.as_secs_f64());
+        if let Some(d) = d {
+            self.lock_hold_h.record(d.as_secs_f64());
+        }
     }
 
-    /// Called by the committing holder of the table's write lock.
-    pub(crate) fn committed(&self, d: Duration, objects: usize, revision: u64, graveyard: usize) {
+    /// Called by the committing holder of the table's write lock (`d`: the
+    /// commit's duration, if it was timed).
+    pub(crate) fn committed(
+        &self,
+        d: Option<Duration>,
+        objects: usize,
+        revision: u64,
+        graveyard: usize,
+    ) {
         self.commit.record(d);
-        self.commit_h.record(d.as_secs_f64());
+        self.commits.increment(1);
+        if let Some(d) = d {
+            self.commit_h.record(d.as_secs_f64());
+        }
         self.objects.set(objects as f64);
         self.revision.set(revision as f64);
         self.graveyard.set(graveyard as f64);

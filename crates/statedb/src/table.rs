@@ -42,6 +42,9 @@ pub struct WriterState {
     /// transaction's state and back: two 136-byte copies per transaction),
     /// so a small transaction allocates none. Trimmed at each commit.
     pub(crate) keys: KeyScratch,
+    /// Lock holds left before the next timed one (see
+    /// [`crate::DbOptions::time_one_in`]).
+    untimed: u32,
 }
 
 /// The key-encoding buffers of a table's write transaction.
@@ -75,6 +78,24 @@ impl KeyScratch {
 }
 
 impl WriterState {
+    /// Whether this hold of the lock is to be timed: one in `one_in`, the
+    /// first included (none if `one_in` is 0).
+    pub(crate) fn timed(&mut self, one_in: u32) -> bool {
+        if one_in == 0 {
+            return false;
+        }
+        match self.untimed.checked_sub(1) {
+            Some(n) => {
+                self.untimed = n;
+                false
+            }
+            None => {
+                self.untimed = one_in - 1;
+                true
+            }
+        }
+    }
+
     /// Whether some consumer is alive (drops the dead ones).
     pub(crate) fn has_trackers(&mut self) -> bool {
         self.trackers.retain(|t| t.strong_count() > 0);

@@ -121,7 +121,8 @@ impl TxnRead for ReadTxn {
 pub(crate) struct Locked {
     pub(crate) meta: Arc<TableMeta>,
     pub(crate) guard: ArcMutexGuard<RawMutex, WriterState>,
-    pub(crate) acquired: Instant,
+    /// When the lock was taken, if this hold is timed.
+    pub(crate) acquired: Option<Instant>,
     /// Created on the table's first write.
     pub(crate) state: Option<Box<dyn TableTxnDyn>>,
 }
@@ -262,9 +263,14 @@ impl WriteTxn {
     }
 
     fn release(&mut self) {
-        let now = Instant::now();
+        let now = self
+            .locked
+            .iter()
+            .any(|l| l.acquired.is_some())
+            .then(Instant::now);
         for l in self.locked.drain(..) {
-            l.meta.metrics.lock_held(now - l.acquired);
+            let held = l.acquired.zip(now).map(|(a, n)| n - a);
+            l.meta.metrics.lock_held(held);
             drop(l);
         }
     }

@@ -35,7 +35,10 @@ mod tests {
 
     #[test]
     fn times_out_and_sees_closed() {
-        let db = crate::Db::with_options(crate::DbOptions { gc_interval: None });
+        let db = crate::Db::with_options(crate::DbOptions {
+            gc_interval: None,
+            ..Default::default()
+        });
         let id = crate::Index::unique("id", |x: &u32| *x);
         let t = db.create_table("t", &id, &[]).unwrap();
         let r = db.read_txn();

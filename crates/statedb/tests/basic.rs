@@ -207,7 +207,10 @@ fn panic_inside_txn_leaves_db_unchanged() {
 
 #[test]
 fn multi_table_commit_is_atomic() {
-    let db = Db::with_options(DbOptions { gc_interval: None });
+    let db = Db::with_options(DbOptions {
+        gc_interval: None,
+        ..Default::default()
+    });
     let a = table_in(&db, "a");
     let b = table_in(&db, "b");
     let before = db.read_txn();
@@ -226,7 +229,10 @@ fn multi_table_commit_is_atomic() {
 
 #[test]
 fn read_only_lock_creates_no_write_state() {
-    let db = Db::with_options(DbOptions { gc_interval: None });
+    let db = Db::with_options(DbOptions {
+        gc_interval: None,
+        ..Default::default()
+    });
     let a = table_in(&db, "a");
     let b = table_in(&db, "b");
     let mut w = db.write_txn(&[&a.table, &b.table]).unwrap();
@@ -411,6 +417,7 @@ fn graveyard_kept_until_every_consumer_is_past() {
 fn background_gc_collects() {
     let db = Db::with_options(DbOptions {
         gc_interval: Some(std::time::Duration::from_millis(5)),
+        ..Default::default()
     });
     let f = table_in(&db, "objs");
     let t = &f.table;
@@ -434,7 +441,10 @@ fn background_gc_collects() {
 /// database's second table, between two others that keep theirs.
 #[test]
 fn collecting_one_table_of_several() {
-    let db = Db::with_options(DbOptions { gc_interval: None });
+    let db = Db::with_options(DbOptions {
+        gc_interval: None,
+        ..Default::default()
+    });
     let a = table_in(&db, "a");
     let b = table_in(&db, "b");
     let c = table_in(&db, "c");
@@ -464,7 +474,10 @@ fn collecting_one_table_of_several() {
 /// keeps reading what was committed before it.
 #[test]
 fn many_tables_keep_their_rows_in_every_snapshot() {
-    let db = Db::with_options(DbOptions { gc_interval: None });
+    let db = Db::with_options(DbOptions {
+        gc_interval: None,
+        ..Default::default()
+    });
     let tables: Vec<Fixture> = (0..21).map(|i| table_in(&db, &format!("t{i}"))).collect();
     let mut model: Vec<Vec<u32>> = vec![Vec::new(); tables.len()];
     let mut snapshots: Vec<(statedb::ReadTxn, Vec<Vec<u32>>)> = Vec::new();
@@ -570,9 +583,11 @@ fn json_dump_and_stats() {
     let s = f.db.stats();
     assert_eq!(s.len(), 1);
     assert_eq!((s[0].objects, s[0].revision, s[0].graveyard), (1, 1, 0));
-    assert_eq!(s[0].commit.0, 1);
-    assert_eq!(s[0].lock_wait.0, 1);
-    assert_eq!(s[0].lock_hold.0, 1);
+    assert_eq!(s[0].commit.count, 1);
+    assert_eq!(s[0].lock_wait.count, 1);
+    assert_eq!(s[0].lock_hold.count, 1);
+    // The first hold of a table is timed.
+    assert_eq!((s[0].commit.timed, s[0].lock_hold.timed), (1, 1));
 }
 
 #[test]
@@ -585,7 +600,10 @@ fn ip_and_tuple_keys() {
         dev: String,
         metric: i32,
     }
-    let db = Db::with_options(DbOptions { gc_interval: None });
+    let db = Db::with_options(DbOptions {
+        gc_interval: None,
+        ..Default::default()
+    });
     let by_prefix = Index::unique("prefix", |r: &Route| r.prefix);
     let by_dev = Index::non_unique("dev-metric", |r: &Route| (r.dev.clone(), r.metric));
     let t = db
@@ -736,7 +754,10 @@ fn superseded_objects_are_freed() {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
     for gc in [None, Some(Duration::from_millis(5))] {
-        let db = Db::with_options(DbOptions { gc_interval: gc });
+        let db = Db::with_options(DbOptions {
+            gc_interval: gc,
+            ..Default::default()
+        });
         let f = table_in(&db, "objs");
         let t = &f.table;
         let mut w = db.write_txn(&[t]).unwrap();
@@ -774,6 +795,7 @@ fn superseded_objects_are_freed() {
 fn idle_collector_table() -> Fixture {
     let db = Db::with_options(DbOptions {
         gc_interval: Some(std::time::Duration::from_secs(3600)),
+        ..Default::default()
     });
     table_in(&db, "objs")
 }
@@ -885,11 +907,15 @@ fn stats_count_every_concurrent_commit() {
     let s = f.db.stats();
     let total = threads * per;
     let aborted = threads * (per / 10);
-    assert_eq!(s[0].commit.0, u64::from(total - aborted));
-    assert_eq!(s[0].lock_wait.0, u64::from(total));
-    assert_eq!(s[0].lock_hold.0, u64::from(total));
+    assert_eq!(s[0].commit.count, u64::from(total - aborted));
+    assert_eq!(s[0].lock_wait.count, u64::from(total));
+    assert_eq!(s[0].lock_wait.timed, u64::from(total));
+    assert_eq!(s[0].lock_hold.count, u64::from(total));
+    // One hold in 16 timed, the first included.
+    assert_eq!(s[0].lock_hold.timed, u64::from(total.div_ceil(16)));
+    assert!(s[0].commit.timed > 0 && s[0].commit.timed <= s[0].lock_hold.timed);
     assert_eq!(s[0].objects as u64, u64::from(total - aborted));
-    assert!(s[0].lock_hold.2 >= s[0].commit.2);
+    assert!(s[0].lock_hold.max >= s[0].commit.max);
 }
 
 /// A writer waiting longer than the table lock's spin parks, and the
@@ -918,9 +944,9 @@ fn a_writer_waiting_past_the_spin_parks_and_is_woken() {
     });
     let s = f.db.stats();
     assert_eq!(s[0].objects, 2);
-    assert_eq!(s[0].lock_wait.0, 2);
+    assert_eq!(s[0].lock_wait.count, 2);
     // The waiter's wait is the longest and covers most of the hold.
-    assert!(s[0].lock_wait.2 >= hold / 2, "{:?}", s[0].lock_wait);
+    assert!(s[0].lock_wait.max >= hold / 2, "{:?}", s[0].lock_wait);
 }
 
 #[test]

@@ -6,7 +6,10 @@ use common::*;
 use statedb::{Db, DbOptions, Error, Index, IpPrefix};
 
 fn db() -> Db {
-    Db::with_options(DbOptions { gc_interval: None })
+    Db::with_options(DbOptions {
+        gc_interval: None,
+        ..Default::default()
+    })
 }
 
 #[test]

@@ -84,7 +84,10 @@ impl Recorder for Capture {
 #[test]
 fn table_metrics_are_exported() {
     let rec = Capture::default();
-    let db = Db::with_options(DbOptions { gc_interval: None });
+    let db = Db::with_options(DbOptions {
+        gc_interval: None,
+        time_one_in: 1,
+    });
     let f = metrics::with_local_recorder(&rec, || table_in(&db, "nodes"));
     let t = &f.table;
     let mut w = db.write_txn(&[t]).unwrap();
@@ -105,6 +108,7 @@ fn table_metrics_are_exported() {
     assert_eq!(rec.get("statedb_commit_seconds{table=nodes}").1, 2);
     assert_eq!(rec.get("statedb_write_lock_wait_seconds{table=nodes}").1, 2);
     assert_eq!(rec.get("statedb_write_lock_hold_seconds{table=nodes}").1, 2);
+    assert_eq!(rec.get("statedb_commits_total{table=nodes}").0, 2.0);
     // Collection updates the graveyard gauge.
     ch.next(&db.read_txn()).unwrap();
     assert_eq!(db.collect_garbage(), 1);
@@ -112,4 +116,63 @@ fn table_metrics_are_exported() {
         rec.get("statedb_table_graveyard_objects{table=nodes}").0,
         0.0
     );
+}
+
+/// With one transaction in four timed, the histograms get every fourth
+/// hold and commit (the first included), the counters every one.
+#[test]
+fn holds_and_commits_are_timed_one_in_n() {
+    let rec = Capture::default();
+    let db = Db::with_options(DbOptions {
+        gc_interval: None,
+        time_one_in: 4,
+    });
+    let f = metrics::with_local_recorder(&rec, || table_in(&db, "nodes"));
+    for i in 0..10 {
+        let mut w = db.write_txn(&[&f.table]).unwrap();
+        f.table
+            .insert(&mut w, obj(i, &format!("n{i}"), &[], 0))
+            .unwrap();
+        w.commit().unwrap();
+    }
+    // An aborted hold counts, and its turn is taken.
+    let w = db.write_txn(&[&f.table]).unwrap();
+    drop(w);
+    let mut w = db.write_txn(&[&f.table]).unwrap();
+    f.table.insert(&mut w, obj(10, "n10", &[], 0)).unwrap();
+    w.commit().unwrap();
+    // Holds 0, 4, 8 timed; 10 (the abort) was not, 11 was not.
+    assert_eq!(rec.get("statedb_commit_seconds{table=nodes}").1, 3);
+    assert_eq!(rec.get("statedb_write_lock_hold_seconds{table=nodes}").1, 3);
+    assert_eq!(
+        rec.get("statedb_write_lock_wait_seconds{table=nodes}").1,
+        12
+    );
+    assert_eq!(rec.get("statedb_commits_total{table=nodes}").0, 11.0);
+    let s = &db.stats()[0];
+    assert_eq!((s.commit.count, s.commit.timed), (11, 3));
+    assert_eq!((s.lock_hold.count, s.lock_hold.timed), (12, 3));
+    assert_eq!((s.lock_wait.count, s.lock_wait.timed), (12, 12));
+    assert!(s
+        .lock_hold
+        .mean()
+        .is_some_and(|m| m >= s.commit.mean().unwrap()));
+
+    // 0: nothing timed, everything counted.
+    let db = Db::with_options(DbOptions {
+        gc_interval: None,
+        time_one_in: 0,
+    });
+    let f = table_in(&db, "quiet");
+    for i in 0..3 {
+        let mut w = db.write_txn(&[&f.table]).unwrap();
+        f.table
+            .insert(&mut w, obj(i, &format!("n{i}"), &[], 0))
+            .unwrap();
+        w.commit().unwrap();
+    }
+    let s = &db.stats()[0];
+    assert_eq!((s.commit.count, s.commit.timed), (3, 0));
+    assert_eq!((s.lock_hold.count, s.lock_hold.timed), (3, 0));
+    assert_eq!(s.commit.mean(), None);
 }

@@ -394,7 +394,7 @@ proptest! {
 
     #[test]
     fn transactions_match_model(txns in prop::collection::vec(arb_txn(), 1..8)) {
-        let db = Db::with_options(DbOptions { gc_interval: None });
+        let db = Db::with_options(DbOptions { gc_interval: None, ..Default::default() });
         // Same operations on both key layouts.
         let fs = [
             table_with(&db, "a", statedb::KeyLayout::Bytes),

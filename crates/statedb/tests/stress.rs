@@ -28,6 +28,7 @@ fn tok(id: u32) -> Obj {
 fn concurrent_txns_and_consumers() {
     let db = Db::with_options(DbOptions {
         gc_interval: Some(Duration::from_millis(1)),
+        ..Default::default()
     });
     let layouts = [KeyLayout::Bytes, KeyLayout::Nibbles, KeyLayout::Bytes];
     let fs: Arc<Vec<Fixture>> = Arc::new(

@@ -83,6 +83,9 @@ fn build(db: &Db, name: &str, layout: KeyLayout, unique_name: bool) -> Fixture {
 }
 
 pub fn fixture() -> Fixture {
-    let db = Db::with_options(DbOptions { gc_interval: None });
+    let db = Db::with_options(DbOptions {
+        gc_interval: None,
+        ..Default::default()
+    });
     table_in(&db, "objs")
 }
