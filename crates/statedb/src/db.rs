@@ -2,7 +2,7 @@
 //! graveyard collection.
 
 use std::any::Any;
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::Thread;
@@ -506,7 +506,7 @@ impl Db {
         }
         Ok(WriteTxn {
             db: self.inner.clone(),
-            base: self.inner.root.roots.load_full(),
+            base: OnceCell::new(),
             locked,
             done: false,
             poisoned: false,
@@ -681,11 +681,7 @@ impl DbInner {
     /// Commits the written tables of a write transaction: builds their new
     /// roots, swaps the root vector in under the commit lock, releases the
     /// table locks, then fires the watches.
-    pub(crate) fn commit(
-        db: &Arc<DbInner>,
-        locked: &mut SmallVec<[Locked; 4]>,
-        base: &mut Arc<Roots>,
-    ) -> Arc<Roots> {
+    pub(crate) fn commit(db: &Arc<DbInner>, locked: &mut SmallVec<[Locked; 4]>) -> Arc<Roots> {
         // Clock reads only for a timed hold (see `DbOptions::time_one_in`).
         let start = (locked.iter())
             .any(|l| l.acquired.is_some() && l.state.is_some())
@@ -729,14 +725,11 @@ impl DbInner {
         for (_, f) in done {
             drop(f.notify);
         }
-        // The transaction's snapshot now reads the committed state; its old
-        // one (usually the superseded root) goes with it. The writer frees
-        // the superseded version itself when no reader holds it: a few
-        // small nodes, cheaper here than handed to the background thread
-        // (design.md, "Commit order", step 6). A reader that lets go of an
-        // old snapshot last still hands it to the background thread.
-        let old_base = std::mem::replace(base, roots.clone());
-        drop(old_base);
+        // The writer frees the superseded version itself when no reader
+        // holds it: a few small nodes, cheaper here than handed to the
+        // background thread (design.md, "Commit order", step 6). A reader
+        // that lets go of an old snapshot last still hands it to the
+        // background thread.
         drop(old);
         db.free_own();
         roots

@@ -6,6 +6,7 @@
 //! table's first write only.
 
 use std::any::Any;
+use std::cell::OnceCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -134,7 +135,13 @@ pub(crate) struct Locked {
 /// uncommitted (a panic included) aborts: nothing changes.
 pub struct WriteTxn {
     pub(crate) db: Arc<DbInner>,
-    pub(crate) base: Arc<Roots>,
+    /// The snapshot reads of tables this transaction has not written go
+    /// to, loaded on the first such read: the tables it locked cannot
+    /// change before it commits, so a later load reads them as they were
+    /// when locked (and others as of that first read). Most single-row
+    /// transactions never load it (an `ArcSwap` load and the reference
+    /// count traffic of holding it: ~15 ns of a 615 ns transaction).
+    pub(crate) base: OnceCell<Arc<Roots>>,
     /// Sorted by table id, no repetitions.
     pub(crate) locked: SmallVec<[Locked; 4]>,
     pub(crate) done: bool,
@@ -202,7 +209,18 @@ impl WriteTxn {
     /// Creates the write state of `locked[i]` if this is its first write.
     fn ensure_state<T: Storable>(&mut self, i: usize) -> Result<()> {
         if self.locked[i].state.is_none() {
-            let root = root_of::<T>(self.db.uid, &self.base, &self.locked[i].meta)?;
+            // The table's root as its lock froze it: from the snapshot if
+            // one is loaded, else from the published roots (held only
+            // while the write state takes its own references).
+            let published;
+            let roots: &Roots = match self.base.get() {
+                Some(b) => b,
+                None => {
+                    published = self.db.root.roots.load();
+                    &published
+                }
+            };
+            let root = root_of::<T>(self.db.uid, roots, &self.locked[i].meta)?;
             let l = &mut self.locked[i];
             let wanted = l.meta.revisions_wanted.load(Ordering::Relaxed);
             let txn = TableTxn::<T>::new(root, &mut l.guard, l.meta.layout, wanted);
@@ -240,7 +258,9 @@ impl WriteTxn {
             return Err(Error::Poisoned);
         }
         self.done = true;
-        let roots = DbInner::commit(&self.db, &mut self.locked, &mut self.base);
+        let roots = DbInner::commit(&self.db, &mut self.locked);
+        // Reads through the committed transaction see the commit.
+        self.base = OnceCell::from(roots.clone());
         Ok(ReadTxn {
             db_uid: self.db.uid,
             roots,
@@ -311,6 +331,7 @@ impl TxnRead for WriteTxn {
                 }
             }
         }
-        root_of(self.db.uid, &self.base, meta).map(View::Root)
+        let base = self.base.get_or_init(|| self.db.root.roots.load_full());
+        root_of(self.db.uid, base, meta).map(View::Root)
     }
 }

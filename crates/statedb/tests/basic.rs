@@ -227,6 +227,48 @@ fn multi_table_commit_is_atomic() {
     assert_eq!(a.table.len(&r).unwrap() + b.table.len(&r).unwrap(), 2);
 }
 
+/// A write transaction's snapshot of the tables it did not lock is loaded
+/// at its first read of one and kept; the tables it locked read as the
+/// lock froze them, whether it wrote them first or not.
+#[test]
+fn write_txn_snapshot_is_taken_at_its_first_read() {
+    let db = Db::with_options(DbOptions {
+        gc_interval: None,
+        ..Default::default()
+    });
+    let a = table_in(&db, "a");
+    let b = table_in(&db, "b");
+    let c = table_in(&db, "c");
+    let put = |f: &common::Fixture, id: u32| {
+        let mut w = db.write_txn(&[&f.table]).unwrap();
+        f.table
+            .insert(&mut w, obj(id, &format!("n{id}"), &[], 0))
+            .unwrap();
+        w.commit().unwrap();
+    };
+    put(&c, 1);
+    let mut w = db.write_txn(&[&a.table, &c.table]).unwrap();
+    a.table.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+    // `b` is not locked: a commit to it before the first read is seen...
+    put(&b, 1);
+    assert_eq!(b.table.len(&w).unwrap(), 1);
+    // ...and one after it is not.
+    put(&b, 2);
+    assert_eq!(b.table.len(&w).unwrap(), 1);
+    // Locked tables: `a` with the txn's write, `c` (read, then written) as
+    // locked.
+    assert_eq!(a.table.len(&w).unwrap(), 1);
+    assert_eq!(c.table.len(&w).unwrap(), 1);
+    c.table.insert(&mut w, obj(2, "c2", &[], 0)).unwrap();
+    assert_eq!(c.table.len(&w).unwrap(), 2);
+    let r = w.commit().unwrap();
+    // After commit the txn reads the committed version.
+    assert_eq!(c.table.len(&w).unwrap(), 2);
+    assert_eq!(b.table.len(&w).unwrap(), 2);
+    assert_eq!(b.table.len(&r).unwrap(), 2);
+    assert_eq!(a.table.len(&r).unwrap(), 1);
+}
+
 #[test]
 fn read_only_lock_creates_no_write_state() {
     let db = Db::with_options(DbOptions {
