@@ -8,7 +8,8 @@
 //! (`ROWS` per transaction, default 1; `perm`: each transaction rewrites
 //! the whole table in one shuffled order; `STATEDB_EXTRA_TABLES=N`: N more
 //! tables in the database, created before the written one with
-//! `STATEDB_EXTRA_BEFORE=1`)
+//! `STATEDB_EXTRA_BEFORE=1`; `STATEDB_IDLE_READERS=N`: N threads that
+//! each took one read transaction and then sleep through the run)
 
 // The benchmark suite's fixtures: `TestObject`, tables, `fill`.
 #[path = "../benches/common.rs"]
@@ -62,6 +63,25 @@ fn main() {
     fill(&b, objects);
     let _after = others(extra, if before { 0 } else { extra });
     let table = &b.table;
+    // STATEDB_IDLE_READERS=N: threads that read once, then sleep until
+    // the writes are done (what a commit pays per thread that ever read).
+    let idle: usize = std::env::var("STATEDB_IDLE_READERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let stop = std::sync::Arc::new(std::sync::Barrier::new(idle + 1));
+    let ready = std::sync::Arc::new(std::sync::Barrier::new(idle + 1));
+    let sleepers: Vec<_> = (0..idle)
+        .map(|_| {
+            let (db, stop, ready) = (db.clone(), stop.clone(), ready.clone());
+            std::thread::spawn(move || {
+                drop(db.read_txn());
+                ready.wait();
+                stop.wait();
+            })
+        })
+        .collect();
+    ready.wait();
     // The suite's shuffled order (`perm`), and a fixed pseudo-random
     // sequence of ids (xorshift), the same in every run.
     let order = if perm { shuffled(objects) } else { Vec::new() };
@@ -87,5 +107,9 @@ fn main() {
         w.commit().expect("commit");
     }
     let ns = t0.elapsed().as_nanos() as f64 / txns as f64;
+    stop.wait();
+    for t in sleepers {
+        t.join().expect("idle reader");
+    }
     println!("{ns:.0} ns per write txn of {batch} rows");
 }

@@ -412,7 +412,6 @@ impl Db {
             db_uid: self.inner.uid,
             id: tables.len(),
             name: name.to_string(),
-            lock: Arc::new(Mutex::new(Default::default())),
             metrics: CacheLine(TableMetrics::new(name)),
             layout: opts.key_layout,
             revisions_wanted: Default::default(),
@@ -426,6 +425,7 @@ impl Db {
         let n = indexes.len();
         let unique_secondary = indexes.iter().skip(1).any(|ix| ix.is_unique());
         let inner = Arc::new(TableInner {
+            lock: Arc::new(Mutex::new(WriterState::new(meta.clone()))),
             meta,
             indexes,
             layout: opts.key_layout,
@@ -467,22 +467,23 @@ impl Db {
     /// write transaction holds one of them. Do not open a second write
     /// transaction on a table from the thread already holding one.
     pub fn write_txn(&self, tables: &[&dyn AnyTable]) -> Result<WriteTxn> {
-        let mut metas: SmallVec<[&Arc<TableMeta>; 4]> = SmallVec::new();
-        for t in tables {
+        let mut metas: SmallVec<[&dyn AnyTable; 4]> = SmallVec::new();
+        for &t in tables {
             let m = t.meta();
             if m.db_uid != self.inner.uid {
                 return Err(Error::ForeignTable(m.name.clone()));
             }
-            metas.push(m);
+            metas.push(t);
         }
-        metas.sort_unstable_by_key(|m| m.id);
-        metas.dedup_by_key(|m| m.id);
+        metas.sort_unstable_by_key(|t| t.meta().id);
+        metas.dedup_by_key(|t| t.meta().id);
         let mut locked = SmallVec::with_capacity(metas.len());
-        for m in metas {
+        for t in metas {
+            let (m, lock) = (t.meta(), t.lock());
             // Uncontended: no clock read for the wait. The hold's start is
             // read only when this hold is timed.
             let one_in = self.inner.time_one_in;
-            let (guard, acquired) = match m.lock.try_lock_arc() {
+            let (guard, acquired) = match lock.try_lock_arc() {
                 Some(mut g) => {
                     m.metrics.lock_waited(Duration::ZERO);
                     let acquired = g.timed(one_in).then(Instant::now);
@@ -490,7 +491,7 @@ impl Db {
                 }
                 None => {
                     let t0 = Instant::now();
-                    let mut g = lock_spinning(&m.lock, t0);
+                    let mut g = lock_spinning(lock, t0);
                     let now = Instant::now();
                     m.metrics.lock_waited(now - t0);
                     let acquired = g.timed(one_in).then_some(now);
@@ -498,7 +499,6 @@ impl Db {
                 }
             };
             locked.push(Locked {
-                meta: m.clone(),
                 guard,
                 acquired,
                 state: None,
@@ -698,7 +698,7 @@ impl DbInner {
             let _g = db.commit_lock.lock();
             // `locked` is in table-id order, and so is `done`.
             let new =
-                (done.iter_mut()).filter_map(|(i, f)| Some((locked[*i].meta.id, f.root.take()?)));
+                (done.iter_mut()).filter_map(|(i, f)| Some((locked[*i].meta().id, f.root.take()?)));
             let roots = Arc::new(db.root.roots.load().successor(new));
             let old = db.root.swap(roots.clone());
             (roots, Some(old))
@@ -711,7 +711,7 @@ impl DbInner {
         for (i, f) in done.iter() {
             let l = &locked[*i];
             let took = start.zip(released).filter(|_| l.acquired.is_some());
-            (l.meta.metrics).committed(
+            (l.meta().metrics).committed(
                 took.map(|(s, r)| r - s),
                 f.objects,
                 f.revision,
@@ -720,7 +720,7 @@ impl DbInner {
         }
         for l in locked.drain(..) {
             let held = l.acquired.zip(released).map(|(a, r)| r - a);
-            l.meta.metrics.lock_held(held);
+            l.meta().metrics.lock_held(held);
         }
         for (_, f) in done {
             drop(f.notify);
@@ -767,7 +767,7 @@ impl<T: Storable> TableOps for TableInner<T> {
         if empty(&db.root.roots.load()) {
             return 0;
         }
-        let mut guard = self.meta.lock.lock();
+        let mut guard = self.lock.lock();
         let low = guard.low_watermark();
         let roots = db.root.roots.load_full();
         let Some(root) = roots.get(id).and_then(|r| r.downcast_ref::<TableRoot<T>>()) else {

@@ -31,9 +31,12 @@ impl<T: Send + Sync + 'static> Storable for T {}
 
 /// What a table's lock protects: state only writers touch. Aligned so that
 /// it does not share a line with the lock word a waiting writer polls.
-#[derive(Default)]
 #[repr(align(128))]
 pub struct WriterState {
+    /// The table's metadata, reached through the lock guard: a write
+    /// transaction holds the guard and no reference of its own (one count
+    /// increment and decrement less per table per transaction).
+    pub(crate) meta: Arc<TableMeta>,
     /// Change-stream consumers (dropped ones fail to upgrade).
     pub(crate) trackers: Vec<Weak<Tracker>>,
     pub(crate) next_init_id: u64,
@@ -78,6 +81,16 @@ impl KeyScratch {
 }
 
 impl WriterState {
+    pub(crate) fn new(meta: Arc<TableMeta>) -> Self {
+        WriterState {
+            meta,
+            trackers: Vec::new(),
+            next_init_id: 0,
+            keys: KeyScratch::default(),
+            untimed: 0,
+        }
+    }
+
     /// Whether this hold of the lock is to be timed: one in `one_in`, the
     /// first included (none if `one_in` is 0).
     pub(crate) fn timed(&mut self, one_in: u32) -> bool {
@@ -122,7 +135,6 @@ pub struct TableMeta {
     pub(crate) db_uid: u64,
     pub(crate) id: usize,
     pub(crate) name: String,
-    pub(crate) lock: Arc<Mutex<WriterState>>,
     /// Written by every write transaction: kept off the lines readers load.
     pub(crate) metrics: CacheLine<TableMetrics>,
     pub(crate) layout: KeyLayout,
@@ -139,10 +151,14 @@ pub trait AnyTable {
     fn name(&self) -> &str;
     #[doc(hidden)]
     fn meta(&self) -> &Arc<TableMeta>;
+    #[doc(hidden)]
+    fn lock(&self) -> &Arc<Mutex<WriterState>>;
 }
 
 pub(crate) struct TableInner<T> {
     pub(crate) meta: Arc<TableMeta>,
+    /// The write lock, and the writer-only state it guards.
+    pub(crate) lock: Arc<Mutex<WriterState>>,
     /// `[0]` is the primary index.
     pub(crate) indexes: Vec<AnyIndex<T>>,
     pub(crate) layout: KeyLayout,
@@ -179,6 +195,9 @@ impl<T> AnyTable for Table<T> {
     }
     fn meta(&self) -> &Arc<TableMeta> {
         &self.inner.meta
+    }
+    fn lock(&self) -> &Arc<Mutex<WriterState>> {
+        &self.inner.lock
     }
 }
 

@@ -120,12 +120,19 @@ impl TxnRead for ReadTxn {
 
 /// One table locked by a write transaction.
 pub(crate) struct Locked {
-    pub(crate) meta: Arc<TableMeta>,
     pub(crate) guard: ArcMutexGuard<RawMutex, WriterState>,
     /// When the lock was taken, if this hold is timed.
     pub(crate) acquired: Option<Instant>,
     /// Created on the table's first write.
     pub(crate) state: Option<Box<dyn TableTxnDyn>>,
+}
+
+impl Locked {
+    /// The table's metadata (through the guard; see [`WriterState::meta`]).
+    #[inline]
+    pub(crate) fn meta(&self) -> &TableMeta {
+        &self.guard.meta
+    }
 }
 
 /// A write transaction over the tables it locked.
@@ -157,7 +164,7 @@ impl std::fmt::Debug for WriteTxn {
                 &self
                     .locked
                     .iter()
-                    .map(|l| l.meta.name.as_str())
+                    .map(|l| l.meta().name.as_str())
                     .collect::<Vec<_>>(),
             )
             .field("done", &self.done)
@@ -168,9 +175,9 @@ impl std::fmt::Debug for WriteTxn {
 impl WriteTxn {
     fn find(&self, meta: &TableMeta) -> Option<usize> {
         self.locked
-            .binary_search_by_key(&meta.id, |l| l.meta.id)
+            .binary_search_by_key(&meta.id, |l| l.meta().id)
             .ok()
-            .filter(|&i| std::ptr::eq(&*self.locked[i].meta, meta))
+            .filter(|&i| std::ptr::eq(self.locked[i].meta(), meta))
     }
 
     /// Runs `f` on the table's write state, creating it on first use.
@@ -220,10 +227,11 @@ impl WriteTxn {
                     &published
                 }
             };
-            let root = root_of::<T>(self.db.uid, roots, &self.locked[i].meta)?;
+            let root = root_of::<T>(self.db.uid, roots, self.locked[i].meta())?;
             let l = &mut self.locked[i];
-            let wanted = l.meta.revisions_wanted.load(Ordering::Relaxed);
-            let txn = TableTxn::<T>::new(root, &mut l.guard, l.meta.layout, wanted);
+            let wanted = l.meta().revisions_wanted.load(Ordering::Relaxed);
+            let layout = l.meta().layout;
+            let txn = TableTxn::<T>::new(root, &mut l.guard, layout, wanted);
             l.state = Some(Box::new(txn));
         }
         Ok(())
@@ -290,7 +298,7 @@ impl WriteTxn {
             .then(Instant::now);
         for l in self.locked.drain(..) {
             let held = l.acquired.zip(now).map(|(a, n)| n - a);
-            l.meta.metrics.lock_held(held);
+            l.meta().metrics.lock_held(held);
             drop(l);
         }
     }
@@ -302,15 +310,14 @@ fn state_cast<T: Storable>(
     locked: &mut [Locked],
     i: usize,
 ) -> Result<(&mut TableTxn<T>, &mut KeyScratch)> {
-    let l = &mut locked[i];
+    let Locked { guard, state, .. } = &mut locked[i];
     // The error is built only on failure: it clones the name.
-    match l
-        .state
+    match state
         .as_mut()
         .and_then(|s| s.as_any_mut().downcast_mut::<TableTxn<T>>())
     {
-        Some(s) => Ok((s, &mut l.guard.keys)),
-        None => Err(Error::TableNotLocked(l.meta.name.clone())),
+        Some(s) => Ok((s, &mut guard.keys)),
+        None => Err(Error::TableNotLocked(guard.meta.name.clone())),
     }
 }
 
