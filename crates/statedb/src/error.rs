@@ -48,7 +48,8 @@ pub enum Error {
     /// Writing a table the write transaction did not lock.
     #[error("table {0:?} is not locked by this write transaction")]
     TableNotLocked(String),
-    /// The write transaction was already committed or aborted.
+    /// The write transaction was already committed or aborted: it takes no
+    /// more writes and answers no reads.
     #[error("the write transaction is already committed or aborted")]
     TxnDone,
     /// A key is longer than [`part::MAX_KEY_LEN`].

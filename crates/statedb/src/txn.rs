@@ -267,8 +267,9 @@ impl WriteTxn {
         }
         self.done = true;
         let roots = DbInner::commit(&self.db, &mut self.locked);
-        // Reads through the committed transaction see the commit.
-        self.base = OnceCell::from(roots.clone());
+        // A done transaction answers no reads: the returned snapshot is
+        // the commit.
+        self.base = OnceCell::new();
         Ok(ReadTxn {
             db_uid: self.db.uid,
             roots,
@@ -282,6 +283,7 @@ impl WriteTxn {
         }
         self.done = true;
         self.release();
+        self.base = OnceCell::new();
         Ok(())
     }
 
@@ -329,6 +331,9 @@ impl Drop for WriteTxn {
 
 impl TxnRead for WriteTxn {
     fn view<'a, T: Storable>(&'a self, table: &Table<T>) -> Result<View<'a, T>> {
+        if self.done {
+            return Err(Error::TxnDone);
+        }
         let meta = &table.inner.meta;
         if let Some(i) = self.find(meta) {
             if let Some(s) = &self.locked[i].state {

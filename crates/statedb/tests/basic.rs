@@ -262,9 +262,10 @@ fn write_txn_snapshot_is_taken_at_its_first_read() {
     c.table.insert(&mut w, obj(2, "c2", &[], 0)).unwrap();
     assert_eq!(c.table.len(&w).unwrap(), 2);
     let r = w.commit().unwrap();
-    // After commit the txn reads the committed version.
-    assert_eq!(c.table.len(&w).unwrap(), 2);
-    assert_eq!(b.table.len(&w).unwrap(), 2);
+    // A done transaction answers no reads; the commit's snapshot does.
+    assert!(matches!(c.table.len(&w), Err(statedb::Error::TxnDone)));
+    assert!(matches!(b.table.len(&w), Err(statedb::Error::TxnDone)));
+    assert_eq!(c.table.len(&r).unwrap(), 2);
     assert_eq!(b.table.len(&r).unwrap(), 2);
     assert_eq!(a.table.len(&r).unwrap(), 1);
 }
@@ -806,8 +807,9 @@ fn superseded_objects_are_freed() {
         t.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
         let r = w.commit().unwrap();
         let weak = Arc::downgrade(t.get(&r, &f.by_id, &1).unwrap().unwrap());
-        // A committed write transaction reads (and holds) the committed state.
-        assert_eq!(t.len(&w).unwrap(), 1);
+        // A committed write transaction answers no reads (and holds no
+        // snapshot): the returned one is the commit.
+        assert!(matches!(t.len(&w), Err(statedb::Error::TxnDone)));
         drop((r, w));
         // Replace it, many times (retired roots pile up, then get freed).
         for i in 0..200 {

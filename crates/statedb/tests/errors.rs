@@ -154,7 +154,14 @@ fn committing_twice_and_writing_after_commit() {
         f.table.insert(&mut w, obj(2, "b", &[], 0)).unwrap_err(),
         Error::TxnDone
     );
+    // Nor does it answer reads: the snapshot `commit` returned does.
+    assert_eq!(f.table.len(&w).unwrap_err(), Error::TxnDone);
+    assert_eq!(f.table.get(&w, &f.by_id, &1).unwrap_err(), Error::TxnDone);
     assert!(w.is_done());
+    // An aborted one neither.
+    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+    w.abort().unwrap();
+    assert_eq!(f.table.len(&w).unwrap_err(), Error::TxnDone);
 }
 
 #[test]
