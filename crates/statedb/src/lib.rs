@@ -9,7 +9,9 @@
 //! * [`Db::read_txn`] is a consistent snapshot of every table, taken in O(1)
 //!   without locks;
 //! * [`Db::write_txn`] locks the tables it will write (deadlock-free, in table
-//!   order) and commits them atomically;
+//!   order) and commits them atomically; it reads its own writes, the
+//!   tables it locked as of the lock and the others as of its first read
+//!   of one;
 //! * every query has a watch variant returning a [`Watch`] that fires when
 //!   its result may have changed;
 //! * every object carries the revision of its last write; [`Table::changes`]
@@ -20,7 +22,9 @@
 //! * tables become initialized once every registered [`Initializer`] is
 //!   done ([`Table::initialized_watch`]);
 //! * per-table metrics go to the `metrics` facade ([`Db::stats`] has the same
-//!   figures) and [`Table::to_json`] dumps a table.
+//!   figures; lock holds and commits are timed in one write transaction in
+//!   [`DbOptions::time_one_in`], 16 by default) and [`Table::to_json`]
+//!   dumps a table.
 //!
 //! Hot read loops can use a per-thread [`Reader`]; tables with small,
 //! frequent writes on dense keys can choose [`KeyLayout::Nibbles`].
