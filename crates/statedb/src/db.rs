@@ -728,8 +728,8 @@ impl DbInner {
         // The writer frees the superseded version itself when no reader
         // holds it: a few small nodes, cheaper here than handed to the
         // background thread (design.md, "Commit order", step 6). A reader
-        // that lets go of an old snapshot last still hands it to the
-        // background thread.
+        // that lets go of an old snapshot last hands it to the thread that
+        // published it (`retire`).
         drop(old);
         db.free_own();
         roots

@@ -43,8 +43,11 @@ pub struct Timings {
 impl Timings {
     /// The mean duration of the timed events.
     pub fn mean(&self) -> Option<Duration> {
-        let n = u32::try_from(self.timed).ok().filter(|&n| n > 0)?;
-        Some(self.total / n)
+        if self.timed == 0 {
+            return None;
+        }
+        let nanos = self.total.as_nanos() / u128::from(self.timed);
+        Some(Duration::from_nanos(nanos as u64))
     }
 }
 
@@ -61,8 +64,8 @@ impl Timing {
     /// Only the holder of the table's write lock records, so each update
     /// is a plain load and store (no read-modify-write: three of those per
     /// figure were ~3% of a single-row commit). Readers of
-    /// [`Timing::snapshot`] may see the three fields from different
-    /// commits; each is still a true figure.
+    /// [`Timing::snapshot`] may see the fields from different commits;
+    /// each is still a true figure.
     fn record(&self, d: Option<Duration>) {
         let add = |a: &AtomicU64, v: u64| {
             a.store(a.load(Ordering::Relaxed).wrapping_add(v), Ordering::Relaxed)

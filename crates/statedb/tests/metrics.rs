@@ -176,3 +176,27 @@ fn holds_and_commits_are_timed_one_in_n() {
     assert_eq!((s.lock_hold.count, s.lock_hold.timed), (3, 0));
     assert_eq!(s.commit.mean(), None);
 }
+
+/// `Timings::mean` divides the timed total by the timed count, whatever
+/// its size.
+#[test]
+fn timings_mean() {
+    use statedb::Timings;
+    use std::time::Duration;
+    let t = |timed, total| Timings {
+        count: timed,
+        timed,
+        total,
+        max: total,
+    };
+    assert_eq!(t(0, Duration::ZERO).mean(), None);
+    assert_eq!(
+        t(4, Duration::from_micros(10)).mean(),
+        Some(Duration::from_nanos(2500))
+    );
+    let huge = u64::from(u32::MAX) * 4;
+    assert_eq!(
+        t(huge, Duration::from_nanos(huge * 3)).mean(),
+        Some(Duration::from_nanos(3))
+    );
+}
