@@ -207,10 +207,7 @@ fn panic_inside_txn_leaves_db_unchanged() {
 
 #[test]
 fn multi_table_commit_is_atomic() {
-    let db = Db::with_options(DbOptions {
-        gc_interval: None,
-        ..Default::default()
-    });
+    let db = db_no_gc();
     let a = table_in(&db, "a");
     let b = table_in(&db, "b");
     let before = db.read_txn();
@@ -232,10 +229,7 @@ fn multi_table_commit_is_atomic() {
 /// lock froze them, whether it wrote them first or not.
 #[test]
 fn write_txn_snapshot_is_taken_at_its_first_read() {
-    let db = Db::with_options(DbOptions {
-        gc_interval: None,
-        ..Default::default()
-    });
+    let db = db_no_gc();
     let a = table_in(&db, "a");
     let b = table_in(&db, "b");
     let c = table_in(&db, "c");
@@ -272,10 +266,7 @@ fn write_txn_snapshot_is_taken_at_its_first_read() {
 
 #[test]
 fn read_only_lock_creates_no_write_state() {
-    let db = Db::with_options(DbOptions {
-        gc_interval: None,
-        ..Default::default()
-    });
+    let db = db_no_gc();
     let a = table_in(&db, "a");
     let b = table_in(&db, "b");
     let mut w = db.write_txn(&[&a.table, &b.table]).unwrap();
@@ -484,10 +475,7 @@ fn background_gc_collects() {
 /// database's second table, between two others that keep theirs.
 #[test]
 fn collecting_one_table_of_several() {
-    let db = Db::with_options(DbOptions {
-        gc_interval: None,
-        ..Default::default()
-    });
+    let db = db_no_gc();
     let a = table_in(&db, "a");
     let b = table_in(&db, "b");
     let c = table_in(&db, "c");
@@ -517,10 +505,7 @@ fn collecting_one_table_of_several() {
 /// keeps reading what was committed before it.
 #[test]
 fn many_tables_keep_their_rows_in_every_snapshot() {
-    let db = Db::with_options(DbOptions {
-        gc_interval: None,
-        ..Default::default()
-    });
+    let db = db_no_gc();
     let tables: Vec<Fixture> = (0..21).map(|i| table_in(&db, &format!("t{i}"))).collect();
     let mut model: Vec<Vec<u32>> = vec![Vec::new(); tables.len()];
     let mut snapshots: Vec<(statedb::ReadTxn, Vec<Vec<u32>>)> = Vec::new();
@@ -643,10 +628,7 @@ fn ip_and_tuple_keys() {
         dev: String,
         metric: i32,
     }
-    let db = Db::with_options(DbOptions {
-        gc_interval: None,
-        ..Default::default()
-    });
+    let db = db_no_gc();
     let by_prefix = Index::unique("prefix", |r: &Route| r.prefix);
     let by_dev = Index::non_unique("dev-metric", |r: &Route| (r.dev.clone(), r.metric));
     let t = db

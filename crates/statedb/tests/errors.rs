@@ -3,13 +3,10 @@
 mod common;
 
 use common::*;
-use statedb::{Db, DbOptions, Error, Index, IpPrefix};
+use statedb::{Db, Error, Index, IpPrefix};
 
 fn db() -> Db {
-    Db::with_options(DbOptions {
-        gc_interval: None,
-        ..Default::default()
-    })
+    db_no_gc()
 }
 
 #[test]

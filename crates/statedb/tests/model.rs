@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use common::*;
 use proptest::prelude::*;
-use statedb::{Db, DbOptions, Error, TxnRead};
+use statedb::{Error, TxnRead};
 
 const NAMES: &[&str] = &["", "a", "a\0", "a\0b", "ab", "b", "\0", "\0\0"];
 const TAGS: &[&str] = &["x", "x\0", "xy", "", "\0", "y"];
@@ -394,7 +394,7 @@ proptest! {
 
     #[test]
     fn transactions_match_model(txns in prop::collection::vec(arb_txn(), 1..8)) {
-        let db = Db::with_options(DbOptions { gc_interval: None, ..Default::default() });
+        let db = db_no_gc();
         // Same operations on both key layouts.
         let fs = [
             table_with(&db, "a", statedb::KeyLayout::Bytes),

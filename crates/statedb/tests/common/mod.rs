@@ -82,10 +82,15 @@ fn build(db: &Db, name: &str, layout: KeyLayout, unique_name: bool) -> Fixture {
     }
 }
 
-pub fn fixture() -> Fixture {
-    let db = Db::with_options(DbOptions {
+/// A database without the background collector (tests collect when they
+/// say so).
+pub fn db_no_gc() -> Db {
+    Db::with_options(DbOptions {
         gc_interval: None,
         ..Default::default()
-    });
-    table_in(&db, "objs")
+    })
+}
+
+pub fn fixture() -> Fixture {
+    table_in(&db_no_gc(), "objs")
 }
