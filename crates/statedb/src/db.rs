@@ -20,7 +20,7 @@ use crate::metrics::{TableMetrics, Timings};
 use crate::table::{
     AnyTable, Finished, Storable, Table, TableInner, TableMeta, TableRoot, WriterState,
 };
-use crate::txn::{Locked, ReadTxn, Reader, WriteTxn};
+use crate::txn::{now_if_timed, Locked, ReadTxn, Reader, WriteTxn};
 use crate::{Error, Result, Revision};
 
 /// A table's committed root (a `TableRoot<T>`), type-erased.
@@ -703,10 +703,7 @@ impl DbInner {
             let old = db.root.swap(roots.clone());
             (roots, Some(old))
         };
-        let released = locked
-            .iter()
-            .any(|l| l.acquired.is_some())
-            .then(Instant::now);
+        let released = now_if_timed(locked);
         // Figures first, while the locks are held (see `metrics.rs`).
         for (i, f) in done.iter() {
             let l = &locked[*i];
@@ -719,8 +716,7 @@ impl DbInner {
             );
         }
         for l in locked.drain(..) {
-            let held = l.acquired.zip(released).map(|(a, r)| r - a);
-            l.meta().metrics.lock_held(held);
+            l.release(released);
         }
         for (_, f) in done {
             drop(f.notify);

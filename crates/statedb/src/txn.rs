@@ -133,6 +133,22 @@ impl Locked {
     pub(crate) fn meta(&self) -> &TableMeta {
         &self.guard.meta
     }
+
+    /// Releases the lock, recording the hold (its length if it is timed,
+    /// `now` being the clock read by [`now_if_timed`]).
+    pub(crate) fn release(self, now: Option<Instant>) {
+        let held = self.acquired.zip(now).map(|(a, n)| n - a);
+        self.meta().metrics.lock_held(held);
+    }
+}
+
+/// The clock, read only if some hold in `locked` is timed (see
+/// [`crate::DbOptions::time_one_in`]).
+pub(crate) fn now_if_timed(locked: &[Locked]) -> Option<Instant> {
+    locked
+        .iter()
+        .any(|l| l.acquired.is_some())
+        .then(Instant::now)
 }
 
 /// A write transaction over the tables it locked.
@@ -293,15 +309,9 @@ impl WriteTxn {
     }
 
     fn release(&mut self) {
-        let now = self
-            .locked
-            .iter()
-            .any(|l| l.acquired.is_some())
-            .then(Instant::now);
+        let now = now_if_timed(&self.locked);
         for l in self.locked.drain(..) {
-            let held = l.acquired.zip(now).map(|(a, n)| n - a);
-            l.meta().metrics.lock_held(held);
-            drop(l);
+            l.release(now);
         }
     }
 }
