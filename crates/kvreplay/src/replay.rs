@@ -258,7 +258,7 @@ pub fn simulate(
             (Some(a), _) => {
                 let i = next;
                 next += 1;
-                if next % 1024 == 0 {
+                if next.is_multiple_of(1024) {
                     progress.inc(1024);
                 }
                 let r = &reqs[i];

@@ -253,7 +253,7 @@ impl TraceScaling {
         if self.block_size == 0 || self.trace_block_size == 0 {
             return Err(TraceError::Scaling("block sizes must be at least 1".into()));
         }
-        if self.trace_block_size % self.block_size != 0 {
+        if !self.trace_block_size.is_multiple_of(self.block_size) {
             return Err(TraceError::Scaling(format!(
                 "trace block size {} is not a multiple of block size {}",
                 self.trace_block_size, self.block_size

@@ -232,7 +232,7 @@ impl<V> D256<V> {
     where
         V: Clone,
     {
-        Child::new(NodeRc::new(D256 {
+        Child::new(NodeRc::new_with(|| D256 {
             h: base.h.copy(),
             terminal: base.terminal.clone(),
             len: base.len,
@@ -247,7 +247,7 @@ impl<V> D256<V> {
     where
         V: Clone,
     {
-        Child::new(NodeRc::new(D256 {
+        Child::new(NodeRc::new_with(|| D256 {
             h: self.h.copy(),
             terminal: self.terminal.clone(),
             len: self.len,
@@ -380,14 +380,14 @@ impl<'a, V> Kind<'a, V> {
 impl<V> Child<V> {
     #[inline]
     pub(crate) fn leaf(key: &[u8], value: V) -> Self {
-        Child::new(NodeRc::new(Leaf {
+        Child::new(NodeRc::new_with(|| Leaf {
             h: Header::new(key),
             value,
         }))
     }
 
     pub(crate) fn empty_inner(segment: &[u8]) -> Self {
-        Child::new(NodeRc::new(N4 {
+        Child::new(NodeRc::new_with(|| N4 {
             h: Header::new(segment),
             terminal: None,
             len: 0,
@@ -583,32 +583,32 @@ impl<V> Child<V> {
         V: Clone,
     {
         match self.kind() {
-            Kind::Leaf(n) => Child::new(NodeRc::new(Leaf {
+            Kind::Leaf(n) => Child::new(NodeRc::new_with(|| Leaf {
                 h: n.h.copy(),
                 value: n.value.clone(),
             })),
-            Kind::N4(n) => Child::new(NodeRc::new(N4 {
+            Kind::N4(n) => Child::new(NodeRc::new_with(|| N4 {
                 h: n.h.copy(),
                 terminal: n.terminal.clone(),
                 len: n.len,
                 keys: n.keys,
                 children: clone_slots(&n.children, n.len as usize),
             })),
-            Kind::N16(n) => Child::new(NodeRc::new(N16 {
+            Kind::N16(n) => Child::new(NodeRc::new_with(|| N16 {
                 h: n.h.copy(),
                 terminal: n.terminal.clone(),
                 len: n.len,
                 keys: n.keys,
                 children: clone_slots(&n.children, n.len as usize),
             })),
-            Kind::N48(n) => Child::new(NodeRc::new(N48 {
+            Kind::N48(n) => Child::new(NodeRc::new_with(|| N48 {
                 h: n.h.copy(),
                 terminal: n.terminal.clone(),
                 len: n.len,
                 index: n.index,
                 children: clone_slots(&n.children, N48_MAX),
             })),
-            Kind::N256(n) => Child::new(NodeRc::new(N256 {
+            Kind::N256(n) => Child::new(NodeRc::new_with(|| N256 {
                 h: n.h.copy(),
                 terminal: n.terminal.clone(),
                 len: n.len,

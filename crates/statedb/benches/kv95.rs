@@ -108,7 +108,7 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                         writes.1 += 1;
                     }
                     t0 = t1;
-                    if ops % 256 == 0 && t1 >= end {
+                    if ops.is_multiple_of(256) && t1 >= end {
                         let cpu = Duration::from_nanos(thread_cpu_ns() - cpu0);
                         return (ops, t1 - start, cpu, lat, writes);
                     }

@@ -229,7 +229,7 @@ impl<T: Storable> Table<T> {
         writer.trackers.push(Arc::downgrade(&tracker));
         // The consumer reads in revision order: a table state opened
         // before it builds its revision index now; one opened later does
-        // (see `TableTxn::new`), and until then reads sort the objects.
+        // (see `TableTxn::new_boxed`), and until then reads sort the objects.
         if let Some(s) = state {
             s.track_deletes = true;
             s.ensure_revisions();

@@ -477,32 +477,30 @@ impl Db {
         }
         metas.sort_unstable_by_key(|t| t.meta().id);
         metas.dedup_by_key(|t| t.meta().id);
-        let mut locked = SmallVec::with_capacity(metas.len());
+        // Pushed into, not sized ahead: `with_capacity` builds the inline
+        // vector apart and copies it.
+        let mut locked = SmallVec::new();
         for t in metas {
             let (m, lock) = (t.meta(), t.lock());
             // Uncontended: no clock read for the wait. The hold's start is
             // read only when this hold is timed.
             let one_in = self.inner.time_one_in;
-            let (guard, acquired) = match lock.try_lock_arc() {
+            let guard = match lock.try_lock_arc() {
                 Some(mut g) => {
                     m.metrics.lock_waited(Duration::ZERO);
-                    let acquired = g.timed(one_in).then(Instant::now);
-                    (g, acquired)
+                    g.begin_hold(one_in, Instant::now);
+                    g
                 }
                 None => {
                     let t0 = Instant::now();
                     let mut g = lock_spinning(lock, t0);
                     let now = Instant::now();
                     m.metrics.lock_waited(now - t0);
-                    let acquired = g.timed(one_in).then_some(now);
-                    (g, acquired)
+                    g.begin_hold(one_in, || now);
+                    g
                 }
             };
-            locked.push(Locked {
-                guard,
-                acquired,
-                state: None,
-            });
+            locked.push(Locked { guard, state: None });
         }
         Ok(WriteTxn {
             db: self.inner.clone(),
@@ -564,7 +562,7 @@ fn lock_spinning(
         }
         std::hint::spin_loop();
         spins += 1;
-        if spins % 32 == 0 && Instant::now() - since >= LOCK_SPIN {
+        if spins.is_multiple_of(32) && Instant::now() - since >= LOCK_SPIN {
             return lock.lock_arc();
         }
     }
@@ -684,7 +682,7 @@ impl DbInner {
     pub(crate) fn commit(db: &Arc<DbInner>, locked: &mut SmallVec<[Locked; 4]>) -> Arc<Roots> {
         // Clock reads only for a timed hold (see `DbOptions::time_one_in`).
         let start = (locked.iter())
-            .any(|l| l.acquired.is_some() && l.state.is_some())
+            .any(|l| l.guard.acquired.is_some() && l.state.is_some())
             .then(Instant::now);
         let mut done: SmallVec<[(usize, Finished); 4]> = SmallVec::new();
         for (i, l) in locked.iter_mut().enumerate() {
@@ -707,7 +705,7 @@ impl DbInner {
         // Figures first, while the locks are held (see `metrics.rs`).
         for (i, f) in done.iter() {
             let l = &locked[*i];
-            let took = start.zip(released).filter(|_| l.acquired.is_some());
+            let took = start.zip(released).filter(|_| l.guard.acquired.is_some());
             (l.meta().metrics).committed(
                 took.map(|(s, r)| r - s),
                 f.objects,

@@ -120,9 +120,9 @@ impl TxnRead for ReadTxn {
 
 /// One table locked by a write transaction.
 pub(crate) struct Locked {
+    /// Also holds when the lock was taken, if this hold is timed
+    /// ([`WriterState::acquired`]).
     pub(crate) guard: ArcMutexGuard<RawMutex, WriterState>,
-    /// When the lock was taken, if this hold is timed.
-    pub(crate) acquired: Option<Instant>,
     /// Created on the table's first write.
     pub(crate) state: Option<Box<dyn TableTxnDyn>>,
 }
@@ -137,7 +137,7 @@ impl Locked {
     /// Releases the lock, recording the hold (its length if it is timed,
     /// `now` being the clock read by [`now_if_timed`]).
     pub(crate) fn release(self, now: Option<Instant>) {
-        let held = self.acquired.zip(now).map(|(a, n)| n - a);
+        let held = self.guard.acquired.zip(now).map(|(a, n)| n - a);
         self.meta().metrics.lock_held(held);
     }
 }
@@ -147,7 +147,7 @@ impl Locked {
 pub(crate) fn now_if_timed(locked: &[Locked]) -> Option<Instant> {
     locked
         .iter()
-        .any(|l| l.acquired.is_some())
+        .any(|l| l.guard.acquired.is_some())
         .then(Instant::now)
 }
 
@@ -247,8 +247,7 @@ impl WriteTxn {
             let l = &mut self.locked[i];
             let wanted = l.meta().revisions_wanted.load(Ordering::Relaxed);
             let layout = l.meta().layout;
-            let txn = TableTxn::<T>::new(root, &mut l.guard, layout, wanted);
-            l.state = Some(Box::new(txn));
+            l.state = Some(TableTxn::<T>::new_boxed(root, &mut l.guard, layout, wanted));
         }
         Ok(())
     }

@@ -20,7 +20,7 @@ pub fn wait_spin(watch: &Watch, spin: Duration, timeout: Duration) -> bool {
             return watch.wait_timeout(left);
         }
         polls = polls.wrapping_add(1);
-        if polls % 16 == 0 {
+        if polls.is_multiple_of(16) {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
