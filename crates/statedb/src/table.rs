@@ -284,6 +284,7 @@ pub(crate) enum TreeRef<'a, V> {
 }
 
 impl<'a, V: Clone> TreeRef<'a, V> {
+    #[inline]
     pub(crate) fn get(&self, k: &[u8]) -> Option<&'a V> {
         match *self {
             TreeRef::Tree(t) => t.get(k),
@@ -314,6 +315,7 @@ pub enum View<'a, T> {
 }
 
 impl<'a, T> View<'a, T> {
+    #[inline]
     pub(crate) fn index(&self, i: usize) -> TreeRef<'a, Obj<T>> {
         match *self {
             View::Root(r) => TreeRef::Tree(&r.indexes[i]),
@@ -945,6 +947,7 @@ impl<T: Storable> Table<T> {
 
     /// The position of `idx` in this table, or an error if it belongs
     /// elsewhere.
+    #[inline]
     fn pos<K>(&self, idx: &Index<T, K>) -> Result<usize> {
         match idx.any().inner.slot.get() {
             Some(&(uid, pos, _)) if uid == self.uid() => Ok(pos),

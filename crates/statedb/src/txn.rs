@@ -44,6 +44,7 @@ impl std::fmt::Debug for ReadTxn {
     }
 }
 
+#[inline]
 pub(crate) fn root_of<'a, T: Storable>(
     db_uid: u64,
     roots: &'a Roots,
@@ -106,6 +107,7 @@ impl Reader {
 }
 
 impl ReadTxn {
+    #[inline]
     pub(crate) fn root<T: Storable>(&self, table: &Table<T>) -> Result<&TableRoot<T>> {
         root_of(self.db_uid, &self.roots, &table.inner.meta)
     }
