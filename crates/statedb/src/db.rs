@@ -752,13 +752,9 @@ impl<T: Storable> TableOps for TableInner<T> {
 
     fn collect(&self, db: &DbInner) -> usize {
         let id = self.meta.id;
-        let empty = |roots: &Roots| {
-            roots
-                .get(id)
-                .and_then(|r| r.downcast_ref::<TableRoot<T>>())
-                .is_none_or(|r| r.rare.graveyard.is_empty())
-        };
-        if empty(&db.root.roots.load()) {
+        // Not from the roots: the collector thread then never loads them
+        // while nothing is deleted (see `TableMetrics::graveyard_len`).
+        if self.meta.metrics.graveyard_len() == 0 {
             return 0;
         }
         let mut guard = self.lock.lock();
@@ -785,9 +781,10 @@ impl<T: Storable> TableOps for TableInner<T> {
         let mut new_root = root.clone();
         new_root.rare = Arc::new(root.rare.replaced(Some(graveyard), None, None));
         db.publish_one(id, Arc::new(new_root));
+        // Under the lock: a commit after it stores its own size.
+        self.meta.metrics.graveyard_size(left);
         drop(guard);
         drop(notifier);
-        self.meta.metrics.graveyard_size(left);
         n
     }
 }

@@ -101,6 +101,12 @@ pub(crate) struct TableMetrics {
     pub(crate) lock_wait: Timing,
     pub(crate) lock_hold: Timing,
     pub(crate) commit: Timing,
+    /// The graveyard's size as of the table's last commit or collection.
+    /// The background collector reads it and leaves a table with an
+    /// empty graveyard alone without loading the published roots: a
+    /// thread that never loads them costs commits nothing (every thread
+    /// that ever loaded adds a node to the list each swap walks).
+    graveyard_len: AtomicU64,
 }
 
 impl TableMetrics {
@@ -117,6 +123,7 @@ impl TableMetrics {
             lock_wait: Timing::default(),
             lock_hold: Timing::default(),
             commit: Timing::default(),
+            graveyard_len: AtomicU64::new(0),
         }
     }
 
@@ -151,10 +158,21 @@ impl TableMetrics {
         }
         self.objects.set(objects as f64);
         self.revision.set(revision as f64);
-        self.graveyard.set(graveyard as f64);
+        self.graveyard_size(graveyard);
     }
 
+    /// Called by the holder of the table's write lock once the graveyard
+    /// it published has `n` entries.
     pub(crate) fn graveyard_size(&self, n: usize) {
         self.graveyard.set(n as f64);
+        // Relaxed: a hint for the periodic collector, which at worst
+        // collects a round later; a collection another thread asked for
+        // after it learned of the commit sees the commit's store.
+        (self.graveyard_len).store(n as u64, Ordering::Relaxed);
+    }
+
+    /// The graveyard's size as of the last commit or collection.
+    pub(crate) fn graveyard_len(&self) -> u64 {
+        self.graveyard_len.load(Ordering::Relaxed)
     }
 }
