@@ -690,6 +690,9 @@ impl DbInner {
                 done.push((i, s.finish(&mut l.guard)));
             }
         }
+        for (i, f) in done.iter() {
+            locked[*i].meta().metrics.set_graveyard_len(f.graveyard);
+        }
         let (roots, old) = if done.is_empty() {
             (db.root.roots.load_full(), None)
         } else {
@@ -780,8 +783,9 @@ impl<T: Storable> TableOps for TableInner<T> {
         let left = graveyard.len();
         let mut new_root = root.clone();
         new_root.rare = Arc::new(root.rare.replaced(Some(graveyard), None, None));
+        // Under the lock, as commits store theirs.
+        self.meta.metrics.set_graveyard_len(left);
         db.publish_one(id, Arc::new(new_root));
-        // Under the lock: a commit after it stores its own size.
         self.meta.metrics.graveyard_size(left);
         drop(guard);
         drop(notifier);

@@ -161,13 +161,18 @@ impl TableMetrics {
         self.graveyard_size(graveyard);
     }
 
-    /// Called by the holder of the table's write lock once the graveyard
-    /// it published has `n` entries.
+    /// Called by the holder of the table's write lock after it published a
+    /// graveyard of `n` entries (the gauge).
     pub(crate) fn graveyard_size(&self, n: usize) {
         self.graveyard.set(n as f64);
-        // Relaxed: a hint for the periodic collector, which at worst
-        // collects a round later; a collection another thread asked for
-        // after it learned of the commit sees the commit's store.
+    }
+
+    /// Called by the holder of the table's write lock before it publishes
+    /// a graveyard of `n` entries. Relaxed: the publication's swap orders
+    /// it, so whoever loads those roots or newer reads this size or a
+    /// newer one; the periodic collector may read it a round early (it
+    /// then finds the old roots' graveyard) or late.
+    pub(crate) fn set_graveyard_len(&self, n: usize) {
         (self.graveyard_len).store(n as u64, Ordering::Relaxed);
     }
 

@@ -471,6 +471,40 @@ fn background_gc_collects() {
     }
 }
 
+/// A collection asked for on another thread than the commit's, once that
+/// thread has seen the commit's roots, finds the graveyard (the collector
+/// learns its size from the table's figures, stored before the roots are
+/// published, not from the roots).
+#[test]
+fn collect_garbage_sees_a_commit_made_on_another_thread() {
+    let db = db_no_gc();
+    let f = table_in(&db, "objs");
+    let t = &f.table;
+    let mut w = db.write_txn(&[t]).unwrap();
+    let mut ch = t.changes(&mut w).unwrap();
+    for (id, name) in [(0, "a"), (1, "b"), (2, "c")] {
+        t.insert(&mut w, obj(id, name, &[], 0)).unwrap();
+    }
+    w.commit().unwrap();
+    for round in 0..3u32 {
+        let (db2, t2) = (db.clone(), t.clone());
+        let r = std::thread::spawn(move || {
+            let mut w = db2.write_txn(&[&t2]).unwrap();
+            t2.delete_key(&mut w, &round).unwrap();
+            w.commit().unwrap()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(t.graveyard_len(&r).unwrap(), 1);
+        ch.next(&r).unwrap();
+        let seen = db.read_txn();
+        assert_eq!(t.graveyard_len(&seen).unwrap(), 1);
+        assert_eq!(db.collect_garbage(), 1, "round {round}");
+        assert_eq!(t.graveyard_len(&db.read_txn()).unwrap(), 0);
+        assert_eq!(db.collect_garbage(), 0);
+    }
+}
+
 /// Collection publishes a new root for the collected table only: here the
 /// database's second table, between two others that keep theirs.
 #[test]
