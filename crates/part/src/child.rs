@@ -186,14 +186,10 @@ unsafe impl<T: Counted + Send + Sync> Send for NodeRc<T> {}
 unsafe impl<T: Counted + Send + Sync> Sync for NodeRc<T> {}
 
 impl<T: Counted> NodeRc<T> {
+    /// A node already built (see [`NodeRc::new_with`] to build one in
+    /// place).
     pub(crate) fn new(node: T) -> Self {
-        let ptr = alloc::<T>();
-        // SAFETY: `alloc` returned room for a `T`.
-        unsafe { ptr.as_ptr().write(node) };
-        NodeRc {
-            ptr,
-            _owns: PhantomData,
-        }
+        Self::new_with(|| node)
     }
 
     /// The node `make` returns, written straight into its allocation: the
