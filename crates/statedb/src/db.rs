@@ -690,9 +690,6 @@ impl DbInner {
                 done.push((i, s.finish(&mut l.guard)));
             }
         }
-        for (i, f) in done.iter() {
-            locked[*i].meta().metrics.set_graveyard_len(f.graveyard);
-        }
         let (roots, old) = if done.is_empty() {
             (db.root.roots.load_full(), None)
         } else {

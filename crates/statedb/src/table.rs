@@ -477,10 +477,14 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
             revision: this.revision,
             rare,
         };
+        let graveyard = root.rare.graveyard.len();
+        // Before the roots holding it are published (see
+        // `TableMetrics::set_graveyard_len`).
+        ws.meta.metrics.set_graveyard_len(graveyard);
         Finished {
             objects: root.indexes[0].len(),
             revision: root.revision,
-            graveyard: root.rare.graveyard.len(),
+            graveyard,
             root: Some(Arc::new(root)),
             notify: self,
         }

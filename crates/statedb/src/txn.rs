@@ -323,7 +323,7 @@ fn state_cast<T: Storable>(
     locked: &mut [Locked],
     i: usize,
 ) -> Result<(&mut TableTxn<T>, &mut KeyScratch)> {
-    let Locked { guard, state, .. } = &mut locked[i];
+    let Locked { guard, state } = &mut locked[i];
     // The error is built only on failure: it clones the name.
     match state
         .as_mut()

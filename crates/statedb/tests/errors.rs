@@ -3,15 +3,11 @@
 mod common;
 
 use common::*;
-use statedb::{Db, Error, Index, IpPrefix};
-
-fn db() -> Db {
-    db_no_gc()
-}
+use statedb::{Error, Index, IpPrefix};
 
 #[test]
 fn bad_table_names() {
-    let db = db();
+    let db = db_no_gc();
     for name in ["", "Upper", "1abc", "a b", "a.b", "é", &"x".repeat(65)] {
         let id = Index::unique("id", |o: &Obj| o.id);
         let e = db.create_table(name, &id, &[]).unwrap_err();
@@ -26,7 +22,7 @@ fn bad_table_names() {
 
 #[test]
 fn bad_index_names_and_duplicates() {
-    let db = db();
+    let db = db_no_gc();
     let id = Index::unique("ID", |o: &Obj| o.id);
     let e = db.create_table("t", &id, &[]).unwrap_err();
     assert!(matches!(e, Error::InvalidName { what: "index", .. }));
@@ -46,7 +42,7 @@ fn bad_index_names_and_duplicates() {
 
 #[test]
 fn table_exists_and_index_in_use() {
-    let db = db();
+    let db = db_no_gc();
     let f = table_in(&db, "t");
     let id = Index::unique("id", |o: &Obj| o.id);
     assert_eq!(
@@ -61,7 +57,7 @@ fn table_exists_and_index_in_use() {
 
 #[test]
 fn primary_must_be_unique_single_key() {
-    let db = db();
+    let db = db_no_gc();
     let nu = Index::non_unique("g", |o: &Obj| o.group);
     assert!(matches!(
         db.create_table("t", &nu, &[]).unwrap_err(),
@@ -76,7 +72,7 @@ fn primary_must_be_unique_single_key() {
 
 #[test]
 fn index_of_another_table() {
-    let db = db();
+    let db = db_no_gc();
     let a = table_in(&db, "a");
     let b = table_in(&db, "b");
     let r = db.read_txn();
@@ -99,8 +95,8 @@ fn index_of_another_table() {
 
 #[test]
 fn foreign_tables_and_old_snapshots() {
-    let db1 = db();
-    let db2 = db();
+    let db1 = db_no_gc();
+    let db2 = db_no_gc();
     let old = db1.read_txn();
     let a = table_in(&db1, "a");
     let b = table_in(&db2, "b");
@@ -125,7 +121,7 @@ fn foreign_tables_and_old_snapshots() {
 
 #[test]
 fn write_to_unlocked_table() {
-    let db = db();
+    let db = db_no_gc();
     let a = table_in(&db, "a");
     let b = table_in(&db, "b");
     let mut w = db.write_txn(&[&a.table]).unwrap();
@@ -182,7 +178,7 @@ fn oversized_keys() {
     assert_eq!(f.table.len(&w).unwrap(), 0);
     assert_eq!(f.table.revision(&w).unwrap(), 0);
     // Primary keys too.
-    let db = db();
+    let db = db_no_gc();
     let by_bytes = Index::unique("b", |v: &Vec<u8>| v.clone());
     let t = db.create_table("bytes", &by_bytes, &[]).unwrap();
     let mut w = db.write_txn(&[&t]).unwrap();
@@ -223,7 +219,7 @@ fn merge_must_keep_the_primary_key() {
 
 #[test]
 fn initializer_of_another_table() {
-    let db = db();
+    let db = db_no_gc();
     let a = table_in(&db, "a");
     let b = table_in(&db, "b");
     let mut w = db.write_txn(&[&a.table, &b.table]).unwrap();
@@ -258,7 +254,7 @@ fn errors_display() {
 #[test]
 fn oversized_keys_nibble_layout() {
     // Nibble-expanded keys take twice the space: the limit halves.
-    let db = db();
+    let db = db_no_gc();
     let by_bytes = Index::unique("b", |v: &Vec<u8>| v.clone());
     let t = db
         .create_table_with(
@@ -288,7 +284,7 @@ fn json_errors_are_typed() {
             Err(serde::ser::Error::custom("cannot serialize"))
         }
     }
-    let db = db();
+    let db = db_no_gc();
     let id = Index::unique("id", |b: &Bad| b.0);
     let t = db.create_table("bad", &id, &[]).unwrap();
     let mut w = db.write_txn(&[&t]).unwrap();
