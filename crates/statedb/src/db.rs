@@ -8,10 +8,11 @@ use std::sync::{Arc, Weak};
 use std::thread::Thread;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::ArcSwapAny;
 use parking_lot::{ArcMutexGuard, Mutex, RawMutex, RwLock};
 use quanta::Instant;
 use smallvec::SmallVec;
+use triomphe::UniqueArc;
 
 use crate::index::{AnyIndex, Index};
 use crate::key::KeyLayout;
@@ -25,6 +26,11 @@ use crate::{Error, Result, Revision};
 
 /// A table's committed root (a `TableRoot<T>`), type-erased.
 pub(crate) type AnyRoot = Arc<dyn Any + Send + Sync>;
+
+/// A published root vector. A `triomphe` `Arc`: no weak count, so the
+/// commit that supersedes a vector no reader holds knows it with one load
+/// and reuses the allocation (see [`Spare`]).
+pub(crate) type SharedRoots = triomphe::Arc<Roots>;
 
 /// Tables whose roots sit in the root vector itself.
 const HEAD: usize = 2;
@@ -219,7 +225,7 @@ pub(crate) trait TableOps: Send + Sync {
 /// plain load of the count, without the `ArcSwap` load's two locked
 /// instructions on its debt slot (a slot every commit's swap also reads).
 pub(crate) struct Published {
-    pub(crate) roots: ArcSwap<Roots>,
+    pub(crate) roots: ArcSwapAny<SharedRoots>,
     /// Bumped after every swap of `roots`, under the commit lock.
     pub(crate) version: AtomicU64,
 }
@@ -227,7 +233,7 @@ pub(crate) struct Published {
 impl Published {
     /// Replaces the roots (the caller holds the commit lock); returns the
     /// old ones.
-    fn swap(&self, new: Arc<Roots>) -> Arc<Roots> {
+    fn swap(&self, new: SharedRoots) -> SharedRoots {
         let old = self.roots.swap(new);
         // Release: a reader that loads (Acquire) the new count loads the
         // new roots, or newer ones, after it. The commit lock orders
@@ -246,7 +252,8 @@ pub(crate) struct DbInner {
     /// Alone on its lines: the commit lock, the retired list and the
     /// counts beside it are written far more often than it changes.
     pub(crate) root: CacheLine<Published>,
-    commit_lock: Mutex<()>,
+    /// The commit lock, which orders the swaps of `root`.
+    commit_lock: Mutex<Spare>,
     pub(crate) tables: RwLock<Vec<Arc<dyn TableOps>>>,
     gc_thread: Mutex<Option<Thread>>,
     closing: AtomicBool,
@@ -339,10 +346,10 @@ impl Db {
         let inner = Arc::new(DbInner {
             uid: NEXT_DB.fetch_add(1, Ordering::Relaxed),
             root: CacheLine(Published {
-                roots: ArcSwap::from_pointee(Roots::default()),
+                roots: ArcSwapAny::new(SharedRoots::new(Roots::default())),
                 version: AtomicU64::new(0),
             }),
-            commit_lock: Mutex::new(()),
+            commit_lock: Mutex::new(Spare::default()),
             tables: RwLock::new(Vec::new()),
             gc_thread: Mutex::new(None),
             closing: AtomicBool::new(false),
@@ -432,10 +439,10 @@ impl Db {
             unique_secondary,
         });
         {
-            let _g = self.inner.commit_lock.lock();
+            let mut spare = self.inner.commit_lock.lock();
             let mut roots = self.inner.root.roots.load().successor([]);
             roots.push(Arc::new(TableRoot::<T>::new(n)));
-            drop(self.inner.root.swap(Arc::new(roots)));
+            drop(self.inner.root.swap(spare.publishable(roots)));
         }
         tables.push(inner.clone());
         Ok(Table { inner })
@@ -592,6 +599,41 @@ const RETIRE_MAX: usize = 4096;
 /// (its owner does not empty it: it stopped writing and reading, or left).
 const RETIRE_WAKE: usize = 64;
 /// Mailboxes per database; threads whose tags share a remainder share one.
+/// The allocation of the last root vector a commit superseded while no
+/// reader held it, emptied, for the next commit to build its vector in: a
+/// write transaction allocates and frees one thing less, and lets go of
+/// the old vector with a load instead of two locked decrements. Kept
+/// under the commit lock.
+#[derive(Default)]
+pub(crate) struct Spare(Option<UniqueArc<Roots>>);
+
+impl Spare {
+    /// `next`, in the spare allocation if there is one.
+    fn publishable(&mut self, next: Roots) -> SharedRoots {
+        match self.0.take() {
+            Some(mut u) => {
+                *u = next;
+                u.shareable()
+            }
+            None => UniqueArc::new(next).shareable(),
+        }
+    }
+
+    /// Takes back a superseded vector's allocation if no reader holds it
+    /// (its contents, returned, are for the caller to drop outside the
+    /// locks); else returns the vector, which its last reader frees.
+    fn reclaim(&mut self, old: SharedRoots) -> Result<Roots, SharedRoots> {
+        // `try_unique` loads the count with Acquire: the readers' releases
+        // (Release decrements) happen before the contents are dropped. The
+        // swap paid arc-swap's debts, so a reader still between its load
+        // and its increment holds a counted reference by now.
+        let mut u = triomphe::Arc::try_unique(old)?;
+        let contents = std::mem::take(&mut *u);
+        self.0 = Some(u);
+        Ok(contents)
+    }
+}
+
 const MAILBOXES: usize = 8;
 
 /// Snapshots waiting to be freed by the thread that published them.
@@ -600,14 +642,14 @@ struct Mailbox {
     /// Set (under the lock) when something is pushed, cleared when the
     /// box is emptied: its owner looks at this alone while it is empty.
     full: AtomicBool,
-    list: Mutex<Vec<Arc<Roots>>>,
+    list: Mutex<Vec<SharedRoots>>,
 }
 
 impl Mailbox {
     /// Empties the box (keeping its buffer, which another thread would
     /// otherwise allocate again at its next push); the caller drops what
     /// it held, outside the lock.
-    fn take(&self) -> SmallVec<[Arc<Roots>; 8]> {
+    fn take(&self) -> SmallVec<[SharedRoots; 8]> {
         let mut l = self.list.lock();
         self.full.store(false, Ordering::Relaxed);
         l.drain(..).collect()
@@ -622,8 +664,8 @@ impl DbInner {
     /// mailbox of the thread that published it, which frees it at its next
     /// commit or snapshot refresh (freed here when there is no background
     /// thread to fall back on, or it is behind).
-    pub(crate) fn retire(&self, old: Arc<Roots>) {
-        if Arc::strong_count(&old) > 1 || !self.background.load(Ordering::Relaxed) {
+    pub(crate) fn retire(&self, old: SharedRoots) {
+        if SharedRoots::strong_count(&old) > 1 || !self.background.load(Ordering::Relaxed) {
             return;
         }
         if old.by == thread_tag() {
@@ -669,9 +711,9 @@ impl DbInner {
     /// Publishes one table's new root (the caller holds its lock).
     pub(crate) fn publish_one(&self, id: usize, root: Arc<dyn Any + Send + Sync>) {
         let old = {
-            let _g = self.commit_lock.lock();
+            let mut spare = self.commit_lock.lock();
             let roots = self.root.roots.load().successor([(id, root)]);
-            self.root.swap(Arc::new(roots))
+            self.root.swap(spare.publishable(roots))
         };
         self.retire(old);
     }
@@ -679,7 +721,7 @@ impl DbInner {
     /// Commits the written tables of a write transaction: builds their new
     /// roots, swaps the root vector in under the commit lock, releases the
     /// table locks, then fires the watches.
-    pub(crate) fn commit(db: &Arc<DbInner>, locked: &mut SmallVec<[Locked; 4]>) -> Arc<Roots> {
+    pub(crate) fn commit(db: &Arc<DbInner>, locked: &mut SmallVec<[Locked; 4]>) -> SharedRoots {
         // Clock reads only for a timed hold (see `DbOptions::time_one_in`).
         let start = (locked.iter())
             .any(|l| l.guard.acquired.is_some() && l.state.is_some())
@@ -693,13 +735,13 @@ impl DbInner {
         let (roots, old) = if done.is_empty() {
             (db.root.roots.load_full(), None)
         } else {
-            let _g = db.commit_lock.lock();
+            let mut spare = db.commit_lock.lock();
             // `locked` is in table-id order, and so is `done`.
             let new =
                 (done.iter_mut()).filter_map(|(i, f)| Some((locked[*i].meta().id, f.root.take()?)));
-            let roots = Arc::new(db.root.roots.load().successor(new));
+            let roots = spare.publishable(db.root.roots.load().successor(new));
             let old = db.root.swap(roots.clone());
-            (roots, Some(old))
+            (roots, Some(spare.reclaim(old)))
         };
         let released = now_if_timed(locked);
         // Figures first, while the locks are held (see `metrics.rs`).
@@ -796,6 +838,32 @@ mod tests {
 
     fn root(v: usize) -> AnyRoot {
         Arc::new(v)
+    }
+
+    /// A commit builds its vector in the allocation of one it superseded
+    /// only once no reader holds that one, and the reclaimed contents are
+    /// handed back whole (to be dropped outside the locks).
+    #[test]
+    fn spare_reuses_only_a_vector_no_reader_holds() {
+        let mut spare = Spare::default();
+        let mut a = Roots::default();
+        a.push(root(1));
+        let first = spare.publishable(a);
+        let addr = |r: &SharedRoots| &**r as *const Roots;
+        let at = addr(&first);
+        let reader = first.clone();
+        let first = spare.reclaim(first).map(|_| ()).unwrap_err();
+        assert!(spare.0.is_none(), "reclaimed under a reader");
+        assert_eq!(value(&reader, 0), Some(1));
+        drop(reader);
+        let contents = spare.reclaim(first).map_err(|_| ()).unwrap();
+        assert_eq!(value(&contents, 0), Some(1));
+        let mut b = Roots::default();
+        b.push(root(2));
+        let second = spare.publishable(b);
+        assert_eq!(addr(&second), at);
+        assert_eq!((value(&second, 0), second.len()), (Some(2), 1));
+        assert!(spare.0.is_none());
     }
 
     fn value(r: &Roots, id: usize) -> Option<usize> {

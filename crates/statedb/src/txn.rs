@@ -14,7 +14,7 @@ use parking_lot::{ArcMutexGuard, RawMutex};
 use quanta::Instant;
 use smallvec::SmallVec;
 
-use crate::db::{DbInner, Roots};
+use crate::db::{DbInner, Roots, SharedRoots};
 use crate::table::{
     KeyScratch, Storable, Table, TableMeta, TableRoot, TableTxn, TableTxnDyn, View, WriterState,
 };
@@ -33,7 +33,7 @@ pub trait TxnRead {
 #[derive(Clone)]
 pub struct ReadTxn {
     pub(crate) db_uid: u64,
-    pub(crate) roots: Arc<Roots>,
+    pub(crate) roots: SharedRoots,
 }
 
 impl std::fmt::Debug for ReadTxn {
@@ -96,7 +96,7 @@ impl Reader {
     fn refresh(&mut self, v: u64) {
         let cur = self.db.root.roots.load_full();
         self.version = v;
-        if !Arc::ptr_eq(&cur, &self.txn.roots) {
+        if !SharedRoots::ptr_eq(&cur, &self.txn.roots) {
             let old = std::mem::replace(&mut self.txn.roots, cur);
             // If this reader was the last holder, the old snapshot is freed
             // here when this thread published it, else by the thread that
@@ -166,7 +166,7 @@ pub struct WriteTxn {
     /// when locked (and others as of that first read). Most single-row
     /// transactions never load it (an `ArcSwap` load and the reference
     /// count traffic of holding it: ~15 ns of a 615 ns transaction).
-    pub(crate) base: OnceCell<Arc<Roots>>,
+    pub(crate) base: OnceCell<SharedRoots>,
     /// Sorted by table id, no repetitions.
     pub(crate) locked: SmallVec<[Locked; 4]>,
     pub(crate) done: bool,
