@@ -160,9 +160,10 @@ static NEXT_DB: AtomicU64 = AtomicU64::new(1);
 pub struct DbOptions {
     /// How often the background collector looks for graveyard entries every
     /// consumer has processed (and frees old snapshots that readers handed
-    /// back to a thread that has not freed them since). `None`: no
-    /// background thread, readers free what they let go of last; call
-    /// [`Db::collect_garbage`].
+    /// back to a thread that has not freed them since). The thread starts
+    /// with the first such work: a commit that leaves a graveyard entry, or
+    /// a snapshot handed back. `None`: no background thread, readers free
+    /// what they let go of last; call [`Db::collect_garbage`].
     pub gc_interval: Option<Duration>,
     /// Time one write transaction in this many per table (its lock hold
     /// and its commit, for [`Db::stats`] and the `metrics` histograms); 1
@@ -262,8 +263,14 @@ pub(crate) struct DbInner {
     /// number): that thread frees them, or the background thread when a
     /// box fills and on its rounds (see `retire`).
     mailboxes: Box<[CacheLine<Mailbox>]>,
-    /// A background thread runs (else everything is freed inline).
+    /// [`DbOptions::gc_interval`]: a collector is wanted (else everything is
+    /// freed inline).
+    gc_every: Option<Duration>,
+    /// `start_collector` ran (the collector thread runs, unless it could
+    /// not be spawned).
     background: AtomicBool,
+    /// This database, for the collector thread `start_collector` spawns.
+    me: Weak<DbInner>,
     /// [`DbOptions::time_one_in`].
     time_one_in: u32,
 }
@@ -343,7 +350,7 @@ impl Db {
         // The figures' clock calibrates itself once per process (~0.6 ms
         // here): on the first database, not inside its first write.
         let _ = Instant::now();
-        let inner = Arc::new(DbInner {
+        let inner = Arc::new_cyclic(|me| DbInner {
             uid: NEXT_DB.fetch_add(1, Ordering::Relaxed),
             root: CacheLine(Published {
                 roots: ArcSwapAny::new(SharedRoots::new(Roots::default())),
@@ -356,19 +363,11 @@ impl Db {
             mailboxes: (0..MAILBOXES)
                 .map(|_| CacheLine(Mailbox::default()))
                 .collect(),
+            gc_every: opts.gc_interval,
             background: AtomicBool::new(false),
+            me: me.clone(),
             time_one_in: opts.time_one_in,
         });
-        if let Some(every) = opts.gc_interval {
-            let weak = Arc::downgrade(&inner);
-            if let Ok(h) = std::thread::Builder::new()
-                .name("statedb-gc".into())
-                .spawn(move || gc_loop(weak, every))
-            {
-                *inner.gc_thread.lock() = Some(h.thread().clone());
-                inner.background.store(true, Ordering::Relaxed);
-            }
-        }
         Db { inner }
     }
 
@@ -524,6 +523,13 @@ impl Db {
         self.inner.collect_garbage()
     }
 
+    /// Whether the background collector thread was started: it starts
+    /// with its first work (see [`DbOptions::gc_interval`]), so a database
+    /// that never has anything to collect runs no thread of its own.
+    pub fn collector_started(&self) -> bool {
+        self.inner.background.load(Ordering::Relaxed)
+    }
+
     /// Figures for every table.
     pub fn stats(&self) -> Vec<TableStats> {
         let roots = self.inner.root.roots.load_full();
@@ -665,7 +671,7 @@ impl DbInner {
     /// commit or snapshot refresh (freed here when there is no background
     /// thread to fall back on, or it is behind).
     pub(crate) fn retire(&self, old: SharedRoots) {
-        if SharedRoots::strong_count(&old) > 1 || !self.background.load(Ordering::Relaxed) {
+        if SharedRoots::strong_count(&old) > 1 || self.gc_every.is_none() {
             return;
         }
         if old.by == thread_tag() {
@@ -685,11 +691,45 @@ impl DbInner {
             mb.full.store(true, Ordering::Relaxed);
             l.len() == RETIRE_WAKE
         };
+        self.start_collector();
         if wake {
             if let Some(t) = self.gc_thread.lock().clone() {
                 t.unpark();
             }
         }
+    }
+
+    /// Starts the collector thread if the options want one and it is not
+    /// running yet: a database that never has anything to collect (no
+    /// deletes under a change stream, no snapshot handed between threads)
+    /// starts no thread, and a single-threaded program stays one (glibc's
+    /// allocator then skips its atomic paths).
+    #[inline]
+    fn start_collector(&self) {
+        // Relaxed: a stale `false` only leads to the check under the lock.
+        if self.background.load(Ordering::Relaxed) {
+            return;
+        }
+        self.spawn_collector();
+    }
+
+    #[cold]
+    fn spawn_collector(&self) {
+        let Some(every) = self.gc_every else { return };
+        let mut slot = self.gc_thread.lock();
+        if slot.is_some() || self.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        let weak = self.me.clone();
+        if let Ok(h) = std::thread::Builder::new()
+            .name("statedb-gc".into())
+            .spawn(move || gc_loop(weak, every))
+        {
+            *slot = Some(h.thread().clone());
+        }
+        // Also when the spawn failed: not tried again; the mailboxes are
+        // then emptied by their owners, or inline once full.
+        self.background.store(true, Ordering::Relaxed);
     }
 
     /// Frees what other threads left in this thread's mailbox.
@@ -757,6 +797,9 @@ impl DbInner {
         }
         for l in locked.drain(..) {
             l.release(released);
+        }
+        if done.iter().any(|(_, f)| f.graveyard > 0) {
+            db.start_collector();
         }
         for (_, f) in done {
             drop(f.notify);

@@ -1070,3 +1070,78 @@ fn changes_iter_borrows_what_next_copies_and_resumes_after_a_partial_read() {
     copied.next(&r2).unwrap();
     assert_eq!(f.db.collect_garbage(), 1);
 }
+
+/// The background collector starts with its first work: inserts, updates
+/// and deletes no consumer follows start no thread; a delete under a change
+/// stream does, and the thread then frees what the consumer has processed.
+#[test]
+fn collector_starts_with_the_first_garbage() {
+    let db = Db::with_options(DbOptions {
+        gc_interval: Some(std::time::Duration::from_millis(5)),
+        ..DbOptions::default()
+    });
+    let f = table_in(&db, "objs");
+    let t = &f.table;
+    for id in 0..4 {
+        let mut w = db.write_txn(&[t]).unwrap();
+        t.insert(&mut w, obj(id, &format!("n{id}"), &[], 0))
+            .unwrap();
+        w.commit().unwrap();
+    }
+    let mut w = db.write_txn(&[t]).unwrap();
+    assert!(t.delete_key(&mut w, &0u32).unwrap().is_some());
+    w.commit().unwrap();
+    assert!(!db.collector_started(), "nothing to collect yet");
+    let mut w = db.write_txn(&[t]).unwrap();
+    let mut ch = t.changes(&mut w).unwrap();
+    w.commit().unwrap();
+    assert!(!db.collector_started(), "a consumer alone is no garbage");
+    let mut w = db.write_txn(&[t]).unwrap();
+    assert!(t.delete_key(&mut w, &1u32).unwrap().is_some());
+    let r = w.commit().unwrap();
+    assert!(db.collector_started());
+    assert_eq!(t.graveyard_len(&r).unwrap(), 1);
+    let (batch, _) = ch.next(&r).unwrap();
+    assert!(batch.iter().any(|c| c.is_delete()));
+    // Processed: the thread collects it within a few of its rounds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while t.graveyard_len(&db.read_txn()).unwrap() != 0 {
+        assert!(std::time::Instant::now() < deadline, "not collected");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// A reader that lets go last of a snapshot another thread published hands
+/// it back to that thread, and the collector (its fallback) starts then.
+#[test]
+fn collector_starts_when_a_snapshot_is_handed_back() {
+    let db = Db::new();
+    let f = table_in(&db, "objs");
+    let t = &f.table;
+    let write = |id: u32| {
+        let mut w = db.write_txn(&[t]).unwrap();
+        t.insert(&mut w, obj(id, &format!("n{id}"), &[], 0))
+            .unwrap();
+        w.commit().unwrap();
+    };
+    write(1);
+    let db2 = db.clone();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let (held, holding) = std::sync::mpsc::channel::<()>();
+    let reader = std::thread::spawn(move || {
+        let mut r = db2.reader();
+        r.read_txn();
+        held.send(()).unwrap();
+        wait.recv().unwrap();
+        r.read_txn();
+    });
+    holding.recv().unwrap();
+    write(2);
+    assert!(
+        !db.collector_started(),
+        "the reader still holds the old snapshot"
+    );
+    go.send(()).unwrap();
+    reader.join().unwrap();
+    assert!(db.collector_started());
+}
