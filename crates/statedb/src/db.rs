@@ -604,7 +604,6 @@ const RETIRE_MAX: usize = 4096;
 /// Retired roots in one mailbox at which the background thread is woken
 /// (its owner does not empty it: it stopped writing and reading, or left).
 const RETIRE_WAKE: usize = 64;
-/// Mailboxes per database; threads whose tags share a remainder share one.
 /// The allocation of the last root vector a commit superseded while no
 /// reader held it, emptied, for the next commit to build its vector in: a
 /// write transaction allocates and frees one thing less, and lets go of
@@ -640,6 +639,7 @@ impl Spare {
     }
 }
 
+/// Mailboxes per database; threads whose tags share a remainder share one.
 const MAILBOXES: usize = 8;
 
 /// Snapshots waiting to be freed by the thread that published them.
@@ -668,8 +668,9 @@ impl DbInner {
     /// thread published it, it is freed here (where most of what only it
     /// holds was allocated: its commit's copied path); else it goes to the
     /// mailbox of the thread that published it, which frees it at its next
-    /// commit or snapshot refresh (freed here when there is no background
-    /// thread to fall back on, or it is behind).
+    /// commit or snapshot refresh (freed here when the options want no
+    /// collector thread to fall back on, or the box is full). The first
+    /// push starts the collector (`start_collector`).
     pub(crate) fn retire(&self, old: SharedRoots) {
         if SharedRoots::strong_count(&old) > 1 || self.gc_every.is_none() {
             return;
