@@ -29,7 +29,7 @@ pub(crate) type AnyRoot = Arc<dyn Any + Send + Sync>;
 
 /// A published root vector. A `triomphe` `Arc`: no weak count, so the
 /// commit that supersedes a vector no reader holds knows it with one load
-/// and reuses the allocation (see [`Spare`]).
+/// and reuses the allocation (see `SPARE`).
 pub(crate) type SharedRoots = triomphe::Arc<Roots>;
 
 /// Tables whose roots sit in the root vector itself.
@@ -100,16 +100,25 @@ impl Roots {
     /// line the previous committer wrote). A chunk holding none of those
     /// tables is shared; the work is per chunk and per new root, not per
     /// table.
+    #[cfg(test)]
     fn successor(&self, new: impl IntoIterator<Item = (usize, AnyRoot)>) -> Roots {
+        let mut out = Roots::default();
+        self.successor_into(&mut out, new);
+        out
+    }
+
+    /// [`Roots::successor`], written field by field into `out` (empty):
+    /// into a reused allocation, without a 96-byte copy through the stack.
+    fn successor_into(&self, out: &mut Roots, new: impl IntoIterator<Item = (usize, AnyRoot)>) {
         let mut new = new.into_iter().peekable();
-        let head = std::array::from_fn(|i| {
+        out.head = std::array::from_fn(|i| {
             let r = self.head[i].as_ref()?;
             Some(match new.next_if(|(id, _)| *id == i) {
                 Some((_, n)) => n,
                 None => r.clone(),
             })
         });
-        let chunks = (self.chunks.iter().enumerate())
+        out.chunks = (self.chunks.iter().enumerate())
             .map(|(c, chunk)| {
                 let first = HEAD + c * CHUNK;
                 if new.peek().is_none_or(|(id, _)| *id >= first + chunk.len()) {
@@ -125,11 +134,7 @@ impl Roots {
                 )
             })
             .collect();
-        Roots {
-            head,
-            chunks,
-            by: thread_tag(),
-        }
+        out.by = thread_tag();
     }
 }
 
@@ -254,7 +259,7 @@ pub(crate) struct DbInner {
     /// counts beside it are written far more often than it changes.
     pub(crate) root: CacheLine<Published>,
     /// The commit lock, which orders the swaps of `root`.
-    commit_lock: Mutex<Spare>,
+    commit_lock: Mutex<()>,
     pub(crate) tables: RwLock<Vec<Arc<dyn TableOps>>>,
     gc_thread: Mutex<Option<Thread>>,
     closing: AtomicBool,
@@ -356,7 +361,7 @@ impl Db {
                 roots: ArcSwapAny::new(SharedRoots::new(Roots::default())),
                 version: AtomicU64::new(0),
             }),
-            commit_lock: Mutex::new(Spare::default()),
+            commit_lock: Mutex::new(()),
             tables: RwLock::new(Vec::new()),
             gc_thread: Mutex::new(None),
             closing: AtomicBool::new(false),
@@ -438,10 +443,12 @@ impl Db {
             unique_secondary,
         });
         {
-            let mut spare = self.inner.commit_lock.lock();
-            let mut roots = self.inner.root.roots.load().successor([]);
-            roots.push(Arc::new(TableRoot::<T>::new(n)));
-            drop(self.inner.root.swap(spare.publishable(roots)));
+            let _g = self.inner.commit_lock.lock();
+            let roots = new_roots(|r| {
+                self.inner.root.roots.load().successor_into(r, []);
+                r.push(Arc::new(TableRoot::<T>::new(n)));
+            });
+            drop(self.inner.root.swap(roots));
         }
         tables.push(inner.clone());
         Ok(Table { inner })
@@ -604,38 +611,38 @@ const RETIRE_MAX: usize = 4096;
 /// Retired roots in one mailbox at which the background thread is woken
 /// (its owner does not empty it: it stopped writing and reading, or left).
 const RETIRE_WAKE: usize = 64;
-/// The allocation of the last root vector a commit superseded while no
-/// reader held it, emptied, for the next commit to build its vector in: a
-/// write transaction allocates and frees one thing less, and lets go of
-/// the old vector with a load instead of two locked decrements. Kept
-/// under the commit lock.
-#[derive(Default)]
-pub(crate) struct Spare(Option<UniqueArc<Roots>>);
+thread_local! {
+    /// The allocation of the last root vector this thread superseded or let
+    /// go of while no reader held it, emptied, for its next commit to build
+    /// a vector in (any database's: the allocation is all that is kept). A
+    /// write transaction then allocates and frees one thing less, and lets
+    /// go of the old vector with a load instead of two locked decrements.
+    /// Per thread rather than under the commit lock: the reuse then needs
+    /// no lock, and the old contents are dropped in place after the locks.
+    static SPARE: Cell<Option<UniqueArc<Roots>>> = const { Cell::new(None) };
+}
 
-impl Spare {
-    /// `next`, in the spare allocation if there is one.
-    fn publishable(&mut self, next: Roots) -> SharedRoots {
-        match self.0.take() {
-            Some(mut u) => {
-                *u = next;
-                u.shareable()
-            }
-            None => UniqueArc::new(next).shareable(),
-        }
-    }
+/// A root vector to publish, filled in this thread's spare allocation if
+/// it has one.
+fn new_roots(fill: impl FnOnce(&mut Roots)) -> SharedRoots {
+    let mut u = SPARE
+        .with(Cell::take)
+        .unwrap_or_else(|| UniqueArc::new(Roots::default()));
+    fill(&mut u);
+    u.shareable()
+}
 
-    /// Takes back a superseded vector's allocation if no reader holds it
-    /// (its contents, returned, are for the caller to drop outside the
-    /// locks); else returns the vector, which its last reader frees.
-    fn reclaim(&mut self, old: SharedRoots) -> Result<Roots, SharedRoots> {
-        // `try_unique` loads the count with Acquire: the readers' releases
-        // (Release decrements) happen before the contents are dropped. The
-        // swap paid arc-swap's debts, so a reader still between its load
-        // and its increment holds a counted reference by now.
-        let mut u = triomphe::Arc::try_unique(old)?;
-        let contents = std::mem::take(&mut *u);
-        self.0 = Some(u);
-        Ok(contents)
+/// Lets go of a superseded root vector: when no reader holds it, its
+/// contents are dropped here and the allocation kept as this thread's
+/// spare; else the last reader frees it.
+fn recycle(old: SharedRoots) {
+    // `try_unique` loads the count with Acquire: the readers' releases
+    // (Release decrements) happen before the contents are dropped. The
+    // swap that superseded it paid arc-swap's debts, so no reader can
+    // still be between its load and its increment.
+    if let Ok(mut u) = triomphe::Arc::try_unique(old) {
+        *u = Roots::default();
+        SPARE.with(|s| s.set(Some(u)));
     }
 }
 
@@ -672,11 +679,15 @@ impl DbInner {
     /// collector thread to fall back on, or the box is full). The first
     /// push starts the collector (`start_collector`).
     pub(crate) fn retire(&self, old: SharedRoots) {
-        if SharedRoots::strong_count(&old) > 1 || self.gc_every.is_none() {
+        if SharedRoots::strong_count(&old) > 1 {
+            return;
+        }
+        if self.gc_every.is_none() {
+            recycle(old);
             return;
         }
         if old.by == thread_tag() {
-            drop(old);
+            recycle(old);
             self.free_own();
             return;
         }
@@ -752,9 +763,9 @@ impl DbInner {
     /// Publishes one table's new root (the caller holds its lock).
     pub(crate) fn publish_one(&self, id: usize, root: Arc<dyn Any + Send + Sync>) {
         let old = {
-            let mut spare = self.commit_lock.lock();
-            let roots = self.root.roots.load().successor([(id, root)]);
-            self.root.swap(spare.publishable(roots))
+            let _g = self.commit_lock.lock();
+            let roots = new_roots(|r| self.root.roots.load().successor_into(r, [(id, root)]));
+            self.root.swap(roots)
         };
         self.retire(old);
     }
@@ -776,13 +787,13 @@ impl DbInner {
         let (roots, old) = if done.is_empty() {
             (db.root.roots.load_full(), None)
         } else {
-            let mut spare = db.commit_lock.lock();
+            let _g = db.commit_lock.lock();
             // `locked` is in table-id order, and so is `done`.
             let new =
                 (done.iter_mut()).filter_map(|(i, f)| Some((locked[*i].meta().id, f.root.take()?)));
-            let roots = spare.publishable(db.root.roots.load().successor(new));
+            let roots = new_roots(|r| db.root.roots.load().successor_into(r, new));
             let old = db.root.swap(roots.clone());
-            (roots, Some(spare.reclaim(old)))
+            (roots, Some(old))
         };
         let released = now_if_timed(locked);
         // Figures first, while the locks are held (see `metrics.rs`).
@@ -810,7 +821,9 @@ impl DbInner {
         // background thread (design.md, "Commit order", step 6). A reader
         // that lets go of an old snapshot last hands it to the thread that
         // published it (`retire`).
-        drop(old);
+        if let Some(old) = old {
+            recycle(old);
+        }
         db.free_own();
         roots
     }
@@ -884,30 +897,33 @@ mod tests {
         Arc::new(v)
     }
 
-    /// A commit builds its vector in the allocation of one it superseded
-    /// only once no reader holds that one, and the reclaimed contents are
-    /// handed back whole (to be dropped outside the locks).
+    /// A thread builds its next vector in the allocation of one it let go
+    /// of only if no reader held that one, and the old contents are
+    /// dropped when it is taken back.
     #[test]
-    fn spare_reuses_only_a_vector_no_reader_holds() {
-        let mut spare = Spare::default();
-        let mut a = Roots::default();
-        a.push(root(1));
-        let first = spare.publishable(a);
+    fn a_thread_reuses_only_a_vector_no_reader_holds() {
+        drop(SPARE.with(Cell::take));
+        let one = root(1);
+        let first = new_roots(|r| r.push(one.clone()));
         let addr = |r: &SharedRoots| &**r as *const Roots;
         let at = addr(&first);
         let reader = first.clone();
-        let first = spare.reclaim(first).map(|_| ()).unwrap_err();
-        assert!(spare.0.is_none(), "reclaimed under a reader");
+        recycle(first);
+        let spare_is_empty = || {
+            let s = SPARE.with(Cell::take);
+            let empty = s.is_none();
+            SPARE.with(|c| c.set(s));
+            empty
+        };
+        assert!(spare_is_empty(), "taken back under a reader");
         assert_eq!(value(&reader, 0), Some(1));
-        drop(reader);
-        let contents = spare.reclaim(first).map_err(|_| ()).unwrap();
-        assert_eq!(value(&contents, 0), Some(1));
-        let mut b = Roots::default();
-        b.push(root(2));
-        let second = spare.publishable(b);
+        recycle(reader);
+        assert!(!spare_is_empty());
+        assert_eq!(Arc::strong_count(&one), 1, "the old contents were dropped");
+        let second = new_roots(|r| r.push(root(2)));
         assert_eq!(addr(&second), at);
         assert_eq!((value(&second, 0), second.len()), (Some(2), 1));
-        assert!(spare.0.is_none());
+        assert!(spare_is_empty());
     }
 
     fn value(r: &Roots, id: usize) -> Option<usize> {
