@@ -625,8 +625,8 @@ thread_local! {
 /// A root vector to publish, filled in this thread's spare allocation if
 /// it has one.
 fn new_roots(fill: impl FnOnce(&mut Roots)) -> SharedRoots {
-    let mut u = SPARE
-        .with(Cell::take)
+    // `try_with`: from a thread-local destructor the spare may be gone.
+    let mut u = (SPARE.try_with(Cell::take).ok().flatten())
         .unwrap_or_else(|| UniqueArc::new(Roots::default()));
     fill(&mut u);
     u.shareable()
@@ -642,7 +642,8 @@ fn recycle(old: SharedRoots) {
     // still be between its load and its increment.
     if let Ok(mut u) = triomphe::Arc::try_unique(old) {
         *u = Roots::default();
-        SPARE.with(|s| s.set(Some(u)));
+        // Dropped with the closure if the spare is gone (see `new_roots`).
+        let _ = SPARE.try_with(move |s| s.set(Some(u)));
     }
 }
 
