@@ -94,12 +94,7 @@ impl Roots {
         }
     }
 
-    /// A copy to be published by this thread, with the roots `new` gives
-    /// (table id, root; ids ascending) in place of the tables' old ones
-    /// (not cloned and then replaced: a count increment and decrement on a
-    /// line the previous committer wrote). A chunk holding none of those
-    /// tables is shared; the work is per chunk and per new root, not per
-    /// table.
+    /// [`Roots::successor_into`] a new vector (for tests).
     #[cfg(test)]
     fn successor(&self, new: impl IntoIterator<Item = (usize, AnyRoot)>) -> Roots {
         let mut out = Roots::default();
@@ -107,8 +102,13 @@ impl Roots {
         out
     }
 
-    /// [`Roots::successor`], written field by field into `out` (empty):
-    /// into a reused allocation, without a 96-byte copy through the stack.
+    /// Writes into `out` (empty) a copy to be published by this thread,
+    /// with the roots `new` gives (table id, root; ids ascending) in place
+    /// of the tables' old ones (not cloned and then replaced: a count
+    /// increment and decrement on a line the previous committer wrote). A
+    /// chunk holding none of those tables is shared; the work is per chunk
+    /// and per new root, not per table. Field by field, into a reused
+    /// allocation: no 96-byte copy through the stack.
     fn successor_into(&self, out: &mut Roots, new: impl IntoIterator<Item = (usize, AnyRoot)>) {
         let mut new = new.into_iter().peekable();
         out.head = std::array::from_fn(|i| {
@@ -273,7 +273,7 @@ pub(crate) struct DbInner {
     gc_every: Option<Duration>,
     /// `start_collector` ran (the collector thread runs, unless it could
     /// not be spawned).
-    background: AtomicBool,
+    collector_started: AtomicBool,
     /// This database, for the collector thread `start_collector` spawns.
     me: Weak<DbInner>,
     /// [`DbOptions::time_one_in`].
@@ -369,7 +369,7 @@ impl Db {
                 .map(|_| CacheLine(Mailbox::default()))
                 .collect(),
             gc_every: opts.gc_interval,
-            background: AtomicBool::new(false),
+            collector_started: AtomicBool::new(false),
             me: me.clone(),
             time_one_in: opts.time_one_in,
         });
@@ -534,7 +534,7 @@ impl Db {
     /// with its first work (see [`DbOptions::gc_interval`]), so a database
     /// that never has anything to collect runs no thread of its own.
     pub fn collector_started(&self) -> bool {
-        self.inner.background.load(Ordering::Relaxed)
+        self.inner.collector_started.load(Ordering::Relaxed)
     }
 
     /// Figures for every table.
@@ -720,7 +720,7 @@ impl DbInner {
     #[inline]
     fn start_collector(&self) {
         // Relaxed: a stale `false` only leads to the check under the lock.
-        if self.background.load(Ordering::Relaxed) {
+        if self.collector_started.load(Ordering::Relaxed) {
             return;
         }
         self.spawn_collector();
@@ -742,7 +742,7 @@ impl DbInner {
         }
         // Also when the spawn failed: not tried again; the mailboxes are
         // then emptied by their owners, or inline once full.
-        self.background.store(true, Ordering::Relaxed);
+        self.collector_started.store(true, Ordering::Relaxed);
     }
 
     /// Frees what other threads left in this thread's mailbox.

@@ -464,11 +464,7 @@ fn background_gc_collects() {
     let r = w.commit().unwrap();
     assert_eq!(t.graveyard_len(&r).unwrap(), 1);
     ch.next(&r).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while t.graveyard_len(&db.read_txn()).unwrap() != 0 {
-        assert!(std::time::Instant::now() < deadline, "gc never ran");
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
+    wait_until_collected(&db, t);
 }
 
 /// A collection asked for on another thread than the commit's, once that
@@ -1083,10 +1079,7 @@ fn collector_starts_with_the_first_garbage() {
     let f = table_in(&db, "objs");
     let t = &f.table;
     for id in 0..4 {
-        let mut w = db.write_txn(&[t]).unwrap();
-        t.insert(&mut w, obj(id, &format!("n{id}"), &[], 0))
-            .unwrap();
-        w.commit().unwrap();
+        insert_committed(&db, t, obj(id, &format!("n{id}"), &[], 0));
     }
     let mut w = db.write_txn(&[t]).unwrap();
     assert!(t.delete_key(&mut w, &0u32).unwrap().is_some());
@@ -1104,11 +1097,7 @@ fn collector_starts_with_the_first_garbage() {
     let (batch, _) = ch.next(&r).unwrap();
     assert!(batch.iter().any(|c| c.is_delete()));
     // Processed: the thread collects it within a few of its rounds.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while t.graveyard_len(&db.read_txn()).unwrap() != 0 {
-        assert!(std::time::Instant::now() < deadline, "not collected");
-        std::thread::sleep(std::time::Duration::from_millis(2));
-    }
+    wait_until_collected(&db, t);
 }
 
 /// A reader that lets go last of a snapshot another thread published hands
@@ -1118,13 +1107,7 @@ fn collector_starts_when_a_snapshot_is_handed_back() {
     let db = Db::new();
     let f = table_in(&db, "objs");
     let t = &f.table;
-    let write = |id: u32| {
-        let mut w = db.write_txn(&[t]).unwrap();
-        t.insert(&mut w, obj(id, &format!("n{id}"), &[], 0))
-            .unwrap();
-        w.commit().unwrap();
-    };
-    write(1);
+    insert_committed(&db, t, obj(1, "n1", &[], 0));
     let db2 = db.clone();
     let (go, wait) = std::sync::mpsc::channel::<()>();
     let (held, holding) = std::sync::mpsc::channel::<()>();
@@ -1136,7 +1119,7 @@ fn collector_starts_when_a_snapshot_is_handed_back() {
         r.read_txn();
     });
     holding.recv().unwrap();
-    write(2);
+    insert_committed(&db, t, obj(2, "n2", &[], 0));
     assert!(
         !db.collector_started(),
         "the reader still holds the old snapshot"

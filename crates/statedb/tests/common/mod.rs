@@ -1,7 +1,7 @@
 //! Shared test fixtures.
 #![allow(dead_code)]
 
-use statedb::{Db, DbOptions, Index, KeyLayout, Table, TableOptions};
+use statedb::{Db, DbOptions, Index, KeyLayout, ReadTxn, Table, TableOptions};
 
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Obj {
@@ -93,4 +93,21 @@ pub fn db_no_gc() -> Db {
 
 pub fn fixture() -> Fixture {
     table_in(&db_no_gc(), "objs")
+}
+
+/// Inserts `o` into `t` in a write transaction of its own; its snapshot.
+pub fn insert_committed(db: &Db, t: &Table<Obj>, o: Obj) -> ReadTxn {
+    let mut w = db.write_txn(&[t]).unwrap();
+    t.insert(&mut w, o).unwrap();
+    w.commit().unwrap()
+}
+
+/// Waits (up to 10 s) until the background collector has emptied `t`'s
+/// graveyard.
+pub fn wait_until_collected(db: &Db, t: &Table<Obj>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while t.graveyard_len(&db.read_txn()).unwrap() != 0 {
+        assert!(std::time::Instant::now() < deadline, "never collected");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }
