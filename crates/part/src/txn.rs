@@ -55,8 +55,19 @@ impl<V> Notifier<V> {
 
 impl<V> Drop for Notifier<V> {
     fn drop(&mut self) {
-        for n in self.rec.nodes.drain(..) {
-            n.header().watch.close();
+        for mut n in self.rec.nodes.drain(..) {
+            match n.get_mut() {
+                // The last reference: no snapshot reaches the node, so no
+                // reader can be installing a watch on it. Fire the one it
+                // has without the slot's compare-and-swap (design.md, "The
+                // lazy watch protocol").
+                Some(node) => {
+                    if let Some(w) = node.take_watch() {
+                        w.close();
+                    }
+                }
+                None => n.header().watch.close(),
+            }
         }
         if let Some(ws) = self.rec.watches.take() {
             for w in *ws {

@@ -271,6 +271,33 @@ fn watch_on_a_superseded_snapshot_is_already_closed() {
     assert!(!t2.get_watch(b"k").1.is_closed());
 }
 
+/// The watched snapshot is dropped after the writes and before the commit:
+/// the superseded nodes are then the notifier's alone, which fires their
+/// watches without the slot's compare-and-swap. Those watches still fire,
+/// and the untouched ones do not.
+#[test]
+fn watches_fire_when_the_notifier_holds_the_last_reference() {
+    let t = tree_of(&[b"alpha/1", b"alpha/2", b"beta/1", b"beta/2"]);
+    let (_, key_w) = t.get_watch(b"alpha/1");
+    let (_, missing_w) = t.get_watch(b"alpha/3");
+    let (_, prefix_w) = t.prefix_watch(b"alpha/");
+    let (_, beta_w) = t.prefix_watch(b"beta/");
+    let mut txn = t.txn();
+    txn.insert(b"alpha/1", 7).unwrap();
+    txn.insert(b"alpha/3", 8).unwrap();
+    drop(t);
+    let (t2, notifier) = txn.commit_only();
+    assert!(!key_w.is_closed(), "not before the notifier runs");
+    notifier.notify();
+    assert!(key_w.is_closed());
+    assert!(missing_w.is_closed());
+    assert!(prefix_w.is_closed());
+    assert!(!beta_w.is_closed());
+    // A watch asked for on the new version is live.
+    assert!(!t2.get_watch(b"alpha/1").1.is_closed());
+    check(&t2).unwrap();
+}
+
 #[test]
 fn commit_only_defers_notification() {
     let t = tree_of(&[b"k"]);

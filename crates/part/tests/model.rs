@@ -270,11 +270,15 @@ proptest! {
 
     /// Every watch whose result changed has fired after commit; none fires
     /// before; key watches on existing keys fire exactly when the value changed.
+    /// With `drop_snapshot` the watched snapshot is gone before the commit,
+    /// so the superseded nodes are the notifier's alone (their watches are
+    /// fired without the slot's compare-and-swap).
     #[test]
     fn watches_fire_when_results_change(
         init in proptest::collection::vec((key(), any::<u32>()), 0..60),
         writes in proptest::collection::vec(op(), 1..30),
         probes in proptest::collection::vec(key(), 1..12),
+        drop_snapshot in any::<bool>(),
     ) {
         let mut txn = Tree::new().txn();
         for (k, v) in &init {
@@ -283,8 +287,15 @@ proptest! {
         let t0 = txn.commit();
         let key_watches: Vec<_> = probes.iter().map(|k| (k.clone(), t0.get_watch(k).1)).collect();
         let prefix_watches: Vec<_> = probes.iter().map(|p| (p.clone(), t0.prefix_watch(p).1)).collect();
-
-        let mut txn = t0.txn();
+        // The watched snapshot; `t0` becomes a copy of its contents that
+        // shares no node with it.
+        let watched = t0;
+        let mut txn = watched.txn();
+        let mut copy = Tree::new().txn();
+        for (k, v) in watched.iter() {
+            copy.insert(k, *v).unwrap();
+        }
+        let t0 = copy.commit();
         for op in writes {
             match op {
                 Op::Insert(k, v) | Op::Modify(k, v) => { txn.insert(&k, v).unwrap(); }
@@ -296,6 +307,7 @@ proptest! {
         for (_, w) in key_watches.iter().chain(&prefix_watches) {
             prop_assert!(!w.is_closed(), "fired before commit");
         }
+        let _kept = (!drop_snapshot).then_some(watched);
         let (t1, notifier) = txn.commit_only();
         notifier.notify();
         for (k, w) in &key_watches {

@@ -814,16 +814,18 @@ impl DbInner {
         if done.iter().any(|(_, f)| f.graveyard > 0) {
             db.start_collector();
         }
-        for (_, f) in done {
-            drop(f.notify);
-        }
         // The writer frees the superseded version itself when no reader
         // holds it: a few small nodes, cheaper here than handed to the
-        // background thread (design.md, "Commit order", step 6). A reader
+        // background thread (design.md, "Commit order", step 4). A reader
         // that lets go of an old snapshot last hands it to the thread that
-        // published it (`retire`).
+        // published it (`retire`). Before the watches: the superseded nodes
+        // are then the notifiers' alone, which fire them without a
+        // compare-and-swap each.
         if let Some(old) = old {
             recycle(old);
+        }
+        for (_, f) in done {
+            drop(f.notify);
         }
         db.free_own();
         roots

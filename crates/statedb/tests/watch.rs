@@ -43,6 +43,26 @@ fn point_get_fires_only_for_its_key() {
     assert!(w_name.is_closed());
 }
 
+/// Watches taken from a snapshot nobody holds any more: the commit frees
+/// the version it replaced before it notifies, so the superseded nodes'
+/// watches are fired by their last holder (without the slot's
+/// compare-and-swap). They still fire, for their keys only.
+#[test]
+fn watches_of_a_dropped_snapshot_fire() {
+    let f = populated();
+    let r = f.db.read_txn();
+    let (_, w_id) = f.table.get_watch(&r, &f.by_id, &10).unwrap();
+    let (_, w_missing) = f.table.get_watch(&r, &f.by_id, &1000).unwrap();
+    let (_, w_other) = f.table.get_watch(&r, &f.by_id, &150).unwrap();
+    drop(r);
+    write(&f, obj(10, "n10b", &["even"], 0));
+    assert!(w_id.is_closed());
+    assert!(!w_other.is_closed(), "another key's watch must not fire");
+    write(&f, obj(1000, "new", &[], 0));
+    assert!(w_missing.is_closed());
+    assert!(!w_other.is_closed());
+}
+
 #[test]
 fn missing_key_fires_on_insert() {
     let f = populated();
