@@ -17,8 +17,7 @@ use std::sync::Arc;
 
 use part::Watch;
 
-use crate::object::Object;
-use crate::table::{ByRevision, Storable, Table, View};
+use crate::table::{ByRevision, Obj, Storable, Table, View};
 use crate::txn::{ReadTxn, WriteTxn};
 use crate::{Result, Revision};
 
@@ -54,7 +53,7 @@ pub enum ChangeKind {
 #[derive(Debug)]
 pub struct Change<T> {
     /// The object (for a delete, its last version).
-    pub object: Arc<Object<T>>,
+    pub object: Obj<T>,
     /// The revision of the change (for a delete, the delete's revision).
     pub revision: Revision,
     /// Insert, update or delete.
@@ -84,7 +83,7 @@ impl<T> Change<T> {
 #[derive(Debug)]
 pub struct ChangeRef<'a, T> {
     /// The object (for a delete, its last version).
-    pub object: &'a Arc<Object<T>>,
+    pub object: &'a Obj<T>,
     /// The revision of the change (for a delete, the delete's revision).
     pub revision: Revision,
     /// Insert, update or delete.
@@ -129,7 +128,7 @@ pub struct ChangesIter<'a, T> {
     end: Revision,
 }
 
-type Scan<'a, T> = Peekable<part::Iter<'a, Arc<Object<T>>>>;
+type Scan<'a, T> = Peekable<part::Iter<'a, Obj<T>>>;
 
 impl<T> std::fmt::Debug for ChangesIter<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

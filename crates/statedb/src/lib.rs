@@ -77,7 +77,8 @@ pub use key::{escape_nonunique, IpPrefix, Key, KeyLayout};
 pub use metrics::Timings;
 pub use object::Object;
 pub use part::{Watch, WatchSet};
-pub use table::{AnyTable, ByRevision, Objects, Storable, Table};
+pub use table::{AnyTable, ByRevision, Obj, Objects, Storable, Table};
+pub use triomphe;
 pub use txn::{ReadTxn, Reader, TxnRead, WriteTxn};
 pub use wait::wait_spin;
 

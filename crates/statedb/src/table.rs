@@ -21,7 +21,11 @@ use crate::object::Object;
 use crate::txn::{ReadTxn, TxnRead, WriteTxn};
 use crate::{Error, Result, Revision};
 
-pub(crate) type Obj<T> = Arc<Object<T>>;
+/// A stored object as tables and snapshots share it: `triomphe`'s `Arc`,
+/// which has no weak count (objects are immutable and never watched
+/// through a weak reference), so the last release of a replaced object is
+/// one locked instruction, not two, and each object 8 bytes smaller.
+pub type Obj<T> = triomphe::Arc<Object<T>>;
 
 /// A merge function of [`Table::modify`].
 type Merge<'m, T> = &'m mut dyn FnMut(&T, T) -> T;
@@ -749,7 +753,7 @@ impl<T: Storable> TableTxn<T> {
                 if ix.is_unique() {
                     let s = stored(self.layout, true, k, &[], &mut keys.scratch);
                     if let Some(e) = self.indexes[i].get(s) {
-                        if old.as_ref().is_none_or(|o| !Arc::ptr_eq(e, o)) {
+                        if old.as_ref().is_none_or(|o| !triomphe::Arc::ptr_eq(e, o)) {
                             return Err(Error::UniqueConflict {
                                 table: t.meta.name.clone(),
                                 index: ix.name().to_string(),
@@ -763,7 +767,7 @@ impl<T: Storable> TableTxn<T> {
         let rev = self.revision + 1;
         let new = |old: Option<&Obj<T>>| {
             let created = old.map_or(rev, |o| o.created_revision());
-            Arc::new(Object::new(value, rev, created))
+            triomphe::Arc::new(Object::new(value, rev, created))
         };
         let obj = if look_first {
             let obj = new(old.as_ref());
@@ -886,7 +890,7 @@ enum RevSource<'a, T> {
 }
 
 impl<'a, T> Iterator for ByRevision<'a, T> {
-    type Item = &'a Arc<Object<T>>;
+    type Item = &'a Obj<T>;
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         match &mut self.it {
@@ -916,7 +920,7 @@ impl<'a, T> Objects<'a, T> {
 }
 
 impl<'a, T> Iterator for Objects<'a, T> {
-    type Item = &'a Arc<Object<T>>;
+    type Item = &'a Obj<T>;
     #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         self.it.next().map(|(_, v)| v)

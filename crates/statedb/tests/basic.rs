@@ -5,6 +5,13 @@ mod common;
 use common::*;
 use statedb::{Change, ChangeKind, Db, DbOptions, Index};
 
+/// No table or snapshot holds the object any more: the test's own
+/// reference is its last (objects are `triomphe` `Arc`s, without weak
+/// references to watch them go).
+fn only_held_here<T>(held: &statedb::Obj<T>) -> bool {
+    statedb::triomphe::Arc::count(held) == 1
+}
+
 fn ids<'a, T: 'a + std::ops::Deref<Target = statedb::Object<Obj>>>(
     it: impl Iterator<Item = &'a T>,
 ) -> Vec<u32> {
@@ -806,7 +813,6 @@ fn delete_then_reinsert_streams_in_order() {
 
 #[test]
 fn superseded_objects_are_freed() {
-    use std::sync::Arc;
     use std::time::{Duration, Instant};
     for gc in [None, Some(Duration::from_millis(5))] {
         let db = Db::with_options(DbOptions {
@@ -818,7 +824,7 @@ fn superseded_objects_are_freed() {
         let mut w = db.write_txn(&[t]).unwrap();
         t.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
         let r = w.commit().unwrap();
-        let weak = Arc::downgrade(t.get(&r, &f.by_id, &1).unwrap().unwrap());
+        let held = t.get(&r, &f.by_id, &1).unwrap().unwrap().clone();
         // A committed write transaction answers no reads (and holds no
         // snapshot): the returned one is the commit.
         assert!(matches!(t.len(&w), Err(statedb::Error::TxnDone)));
@@ -831,12 +837,12 @@ fn superseded_objects_are_freed() {
         }
         if gc.is_none() {
             assert!(
-                weak.upgrade().is_none(),
+                only_held_here(&held),
                 "freed inline without a background thread"
             );
         }
         let deadline = Instant::now() + Duration::from_secs(10);
-        while weak.upgrade().is_some() {
+        while !only_held_here(&held) {
             assert!(
                 Instant::now() < deadline,
                 "superseded object never freed ({gc:?})"
@@ -874,7 +880,6 @@ fn name_of_one(f: &Fixture, r: &statedb::ReadTxn) -> String {
 /// or the background thread, which has not run yet here.
 #[test]
 fn reader_frees_its_own_threads_versions_and_hands_on_others() {
-    use std::sync::Arc;
     let f = idle_collector_table();
     let mut reader = f.db.reader();
     for (other_thread, freed) in [(false, true), (true, false)] {
@@ -883,15 +888,15 @@ fn reader_frees_its_own_threads_versions_and_hands_on_others() {
         } else {
             write_one(&f, "old")
         };
-        let weak = Arc::downgrade(f.table.get(&r, &f.by_id, &1).unwrap().unwrap());
+        let held = f.table.get(&r, &f.by_id, &1).unwrap().unwrap().clone();
         drop(r);
         // The reader now holds the only snapshot with "old" in it.
         assert_eq!(name_of_one(&f, reader.read_txn()), "old");
         write_one(&f, "new");
-        assert!(weak.upgrade().is_some(), "the reader's snapshot holds it");
+        assert!(!only_held_here(&held), "the reader's snapshot holds it");
         assert_eq!(name_of_one(&f, reader.read_txn()), "new");
         assert_eq!(
-            weak.upgrade().is_none(),
+            only_held_here(&held),
             freed,
             "published by another thread: {other_thread}"
         );
@@ -902,7 +907,7 @@ fn reader_frees_its_own_threads_versions_and_hands_on_others() {
 /// freed by the publishing thread at its next commit.
 #[test]
 fn the_publishing_thread_frees_what_readers_hand_back() {
-    use std::sync::{mpsc, Arc};
+    use std::sync::mpsc;
     let f = idle_collector_table();
     let mut reader = f.db.reader();
     std::thread::scope(|s| {
@@ -920,17 +925,17 @@ fn the_publishing_thread_frees_what_readers_hand_back() {
             done.recv().unwrap();
         };
         write("old");
-        let weak = {
+        let held = {
             let r = f.db.read_txn();
-            Arc::downgrade(f.table.get(&r, &f.by_id, &1).unwrap().unwrap())
+            f.table.get(&r, &f.by_id, &1).unwrap().unwrap().clone()
         };
         assert_eq!(name_of_one(f, reader.read_txn()), "old");
         write("new");
         // The reader lets go of the last snapshot holding "old".
         assert_eq!(name_of_one(f, reader.read_txn()), "new");
-        assert!(weak.upgrade().is_some(), "waits for its publisher");
+        assert!(!only_held_here(&held), "waits for its publisher");
         write("newer");
-        assert!(weak.upgrade().is_none(), "freed at the publisher's commit");
+        assert!(only_held_here(&held), "freed at the publisher's commit");
     });
 }
 

@@ -8,7 +8,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use common::*;
 use proptest::prelude::*;
@@ -132,7 +131,7 @@ fn same_err(a: &Error, b: &Error) -> bool {
 }
 
 /// The ids a query returned, in order.
-fn ids<'a>(it: statedb::Result<impl Iterator<Item = &'a Arc<statedb::Object<Obj>>>>) -> Vec<u32> {
+fn ids<'a>(it: statedb::Result<impl Iterator<Item = &'a statedb::Obj<Obj>>>) -> Vec<u32> {
     it.unwrap().map(|o| o.id).collect()
 }
 
