@@ -265,7 +265,9 @@ impl<T: Storable> Changes<T> {
                 View::Root(root)
                     .by_revision(self.pos + 1, &self.table.inner.meta)
                     .peekable(),
-                root.rare.graveyard.range(from..).peekable(),
+                (root.rare_or(&self.table.inner.empty_rare).graveyard)
+                    .range(from..)
+                    .peekable(),
             )
         });
         let end = root.revision.max(self.pos);

@@ -441,6 +441,7 @@ impl Db {
             indexes,
             layout: opts.key_layout,
             unique_secondary,
+            empty_rare: Arc::new(crate::table::Rare::empty()),
         });
         {
             let _g = self.inner.commit_lock.lock();
@@ -845,7 +846,7 @@ impl<T: Storable> TableOps for TableInner<T> {
             Some(r) => (
                 r.indexes[0].len(),
                 r.revision,
-                r.rare.graveyard.len(),
+                r.rare.as_ref().map_or(0, |x| x.graveyard.len()),
                 r.revisions.is_some(),
             ),
             None => (0, 0, 0, false),
@@ -865,9 +866,12 @@ impl<T: Storable> TableOps for TableInner<T> {
         let Some(root) = roots.get(id).and_then(|r| r.downcast_ref::<TableRoot<T>>()) else {
             return 0;
         };
-        let mut txn = root.rare.graveyard.txn();
+        let Some(rare) = &root.rare else {
+            return 0;
+        };
+        let mut txn = rare.graveyard.txn();
         let mut n = 0;
-        for (k, _) in root.rare.graveyard.iter() {
+        for (k, _) in rare.graveyard.iter() {
             let rev = crate::changes::decode_rev(k);
             if low.is_some_and(|l| rev > l) {
                 break;
@@ -881,7 +885,7 @@ impl<T: Storable> TableOps for TableInner<T> {
         let (graveyard, notifier) = txn.commit_only();
         let left = graveyard.len();
         let mut new_root = root.clone();
-        new_root.rare = Arc::new(root.rare.replaced(Some(graveyard), None, None));
+        new_root.rare = Some(Arc::new(rare.replaced(Some(graveyard), None, None)));
         // Under the lock, as commits store theirs.
         self.meta.metrics.set_graveyard_len(left);
         db.publish_one(id, Arc::new(new_root));

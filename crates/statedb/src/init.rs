@@ -46,9 +46,10 @@ impl<T: Storable> Table<T> {
         };
         let id = writer.next_init_id;
         writer.next_init_id += 1;
-        state.pending_mut().push((id, name.to_string()));
-        if state.init.get(&state.rare().init, b"").is_none() {
-            state.init_txn().insert(b"", ())?;
+        let empty = &self.inner.empty_rare;
+        state.pending_mut(empty).push((id, name.to_string()));
+        if !state.init_has(b"") {
+            state.init_txn(empty).insert(b"", ())?;
         }
         Ok(Initializer {
             table_uid: uid,
@@ -73,9 +74,10 @@ impl<T: Storable> Table<T> {
         let Some(pos) = state.pending().iter().position(|(id, _)| *id == init.id) else {
             return Err(Error::InitializerDone(init.name.clone()));
         };
-        state.pending_mut().remove(pos);
+        let empty = &self.inner.empty_rare;
+        state.pending_mut(empty).remove(pos);
         if state.pending().is_empty() {
-            state.init_txn().delete(b"");
+            state.init_txn(empty).delete(b"");
         }
         Ok(())
     }
@@ -97,8 +99,8 @@ impl<T: Storable> Table<T> {
 
     /// [`Table::initialized`] and a watch that fires when it may change.
     pub fn initialized_watch(&self, txn: &ReadTxn) -> Result<(bool, Watch)> {
-        let root = txn.root(self)?;
-        let (_, w) = root.rare.init.get_watch(b"");
-        Ok((root.rare.pending.is_empty(), w))
+        let rare = txn.root(self)?.rare_or(&self.inner.empty_rare);
+        let (_, w) = rare.init.get_watch(b"");
+        Ok((rare.pending.is_empty(), w))
     }
 }

@@ -180,6 +180,11 @@ pub(crate) struct TableInner<T> {
     /// Some secondary index is unique: every write must look the old
     /// object up before it writes (see `TableTxn::upsert`).
     pub(crate) unique_secondary: bool,
+    /// The rare parts of a table that never wrote them: what a root
+    /// without any (`TableRoot::rare` of `None`) stands for, and what the
+    /// first transaction to write them starts from (so that its commit
+    /// fires the watches readers of such a root took here).
+    pub(crate) empty_rare: Arc<Rare<T>>,
 }
 
 /// A typed handle to a table of objects `T`. Cheap to clone.
@@ -226,13 +231,17 @@ pub struct TableRoot<T> {
     /// kept from then on; until then writes skip it.
     pub(crate) revisions: Option<Tree<Obj<T>>>,
     pub(crate) revision: Revision,
-    pub(crate) rare: Arc<Rare<T>>,
+    /// `None` until the table first writes a graveyard entry or an
+    /// initializer (then the table's `empty_rare` stands for it): a
+    /// transaction on such a table takes and releases no count for it.
+    pub(crate) rare: Option<Arc<Rare<T>>>,
 }
 
-/// The parts of a table's state few transactions write, behind one count:
-/// a transaction that leaves them alone takes and hands on one reference
-/// instead of three (each a locked instruction on a line other writers
-/// and the freeing of old roots also touch).
+/// The parts of a table's state few transactions write, behind one count
+/// (and none while the table never wrote them): a transaction that leaves
+/// them alone takes and hands on at most one reference instead of three
+/// (each a locked instruction on a line other writers and the freeing of
+/// old roots also touch).
 pub(crate) struct Rare<T> {
     /// Delete revision (big-endian) -> deleted object.
     pub(crate) graveyard: Tree<Obj<T>>,
@@ -272,11 +281,23 @@ impl<T> TableRoot<T> {
             indexes: (0..n_indexes).map(|_| Tree::new()).collect(),
             revisions: None,
             revision: 0,
-            rare: Arc::new(Rare {
-                graveyard: Tree::with_options(root_only()),
-                init: Tree::new(),
-                pending: Vec::new(),
-            }),
+            rare: None,
+        }
+    }
+
+    /// The rare parts, `empty` (the table's) while it has none.
+    pub(crate) fn rare_or<'a>(&'a self, empty: &'a Rare<T>) -> &'a Rare<T> {
+        self.rare.as_deref().unwrap_or(empty)
+    }
+}
+
+impl<T> Rare<T> {
+    /// A table's rare parts before it writes any.
+    pub(crate) fn empty() -> Self {
+        Rare {
+            graveyard: Tree::with_options(root_only()),
+            init: Tree::new(),
+            pending: Vec::new(),
         }
     }
 }
@@ -350,10 +371,11 @@ impl<'a, T> View<'a, T> {
         };
         ByRevision { it }
     }
-    pub(crate) fn graveyard(&self) -> TreeRef<'a, Obj<T>> {
+    /// The graveyard (`None`: the table never had one, so it is empty).
+    pub(crate) fn graveyard(&self) -> Option<TreeRef<'a, Obj<T>>> {
         match *self {
-            View::Root(r) => TreeRef::Tree(&r.rare.graveyard),
-            View::Txn(t) => t.graveyard.view(&t.rare().graveyard),
+            View::Root(r) => r.rare.as_ref().map(|x| TreeRef::Tree(&x.graveyard)),
+            View::Txn(t) => t.rare.as_ref().map(|x| t.graveyard.view(&x.graveyard)),
         }
     }
     pub(crate) fn revision(&self) -> Revision {
@@ -364,7 +386,7 @@ impl<'a, T> View<'a, T> {
     }
     pub(crate) fn pending(&self) -> &'a [(u64, String)] {
         match *self {
-            View::Root(r) => &r.rare.pending,
+            View::Root(r) => r.rare.as_ref().map_or(&[], |x| &x.pending),
             View::Txn(t) => t.pending(),
         }
     }
@@ -379,7 +401,8 @@ pub struct TableTxn<T> {
     /// `None` while the table has no revision index.
     pub(crate) revisions: Option<TreeTxn<Obj<T>>>,
     pub(crate) revision: Revision,
-    /// The committed rare parts; taken by the commit (`None` after it).
+    /// The committed rare parts (`None` while the table has none, or once
+    /// they are written, the table's empty ones); taken by the commit.
     rare: Option<Arc<Rare<T>>>,
     pub(crate) graveyard: LazyTxn<Obj<T>>,
     pub(crate) init: LazyTxn<()>,
@@ -391,23 +414,36 @@ pub struct TableTxn<T> {
 }
 
 impl<T> TableTxn<T> {
-    /// The committed rare parts this transaction started from.
-    pub(crate) fn rare(&self) -> &Rare<T> {
-        uncommitted(&self.rare)
+    /// The committed rare parts this transaction writes over: the table's
+    /// empty ones (`empty`) if it has none yet.
+    fn rare_to_write(&mut self, empty: &Arc<Rare<T>>) -> &Rare<T> {
+        self.rare.get_or_insert_with(|| empty.clone())
     }
 
     /// The initializers pending as of this transaction's writes.
     pub(crate) fn pending(&self) -> &[(u64, String)] {
-        match &self.pending {
-            Some(p) => p,
-            None => &self.rare().pending,
+        match (&self.pending, &self.rare) {
+            (Some(p), _) => p,
+            (None, Some(r)) => &r.pending,
+            (None, None) => &[],
         }
     }
 
     /// The pending initializers, to change.
-    pub(crate) fn pending_mut(&mut self) -> &mut Vec<(u64, String)> {
-        let rare = uncommitted(&self.rare);
-        self.pending.get_or_insert_with(|| rare.pending.clone())
+    pub(crate) fn pending_mut(&mut self, empty: &Arc<Rare<T>>) -> &mut Vec<(u64, String)> {
+        if self.pending.is_none() {
+            let p = self.rare_to_write(empty).pending.clone();
+            self.pending = Some(p);
+        }
+        self.pending.get_or_insert_with(Vec::new)
+    }
+
+    /// Whether the initialization tree holds `key`.
+    pub(crate) fn init_has(&self, key: &[u8]) -> bool {
+        match &self.rare {
+            Some(r) => self.init.get(&r.init, key).is_some(),
+            None => false,
+        }
     }
 }
 
@@ -424,14 +460,6 @@ impl<T> Rare<T> {
             init: init.unwrap_or_else(|| self.init.clone()),
             pending: pending.unwrap_or_else(|| self.pending.clone()),
         }
-    }
-}
-
-/// A table transaction's rare parts, which only its commit takes.
-fn uncommitted<T>(rare: &Option<Arc<Rare<T>>>) -> &Rare<T> {
-    match rare {
-        Some(r) => r,
-        None => unreachable!("a committed table transaction is not used again"),
     }
 }
 
@@ -466,14 +494,15 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
         // its box and boxing the notifiers anew copied ~1 KiB per commit.
         let this = &mut *self;
         ws.keys.trim();
-        let Some(old) = this.rare.take() else {
-            unreachable!("a table transaction commits once")
-        };
+        let old = this.rare.take();
         let (graveyard, init) = (this.graveyard.commit(), this.init.commit());
-        let rare = if graveyard.is_none() && init.is_none() && this.pending.is_none() {
-            old
-        } else {
-            Arc::new(old.replaced(graveyard, init, this.pending.take()))
+        // Written parts were opened over `old` (`rare_to_write`), so a
+        // change implies `Some`.
+        let rare = match old {
+            Some(old) if graveyard.is_some() || init.is_some() || this.pending.is_some() => {
+                Some(Arc::new(old.replaced(graveyard, init, this.pending.take())))
+            }
+            old => old,
         };
         let root = TableRoot {
             indexes: this.indexes.iter_mut().map(TreeTxn::commit).collect(),
@@ -481,7 +510,7 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
             revision: this.revision,
             rare,
         };
-        let graveyard = root.rare.graveyard.len();
+        let graveyard = root.rare.as_ref().map_or(0, |r| r.graveyard.len());
         // Before the roots holding it are published (see
         // `TableMetrics::set_graveyard_len`).
         ws.meta.metrics.set_graveyard_len(graveyard);
@@ -656,7 +685,7 @@ impl<T: Storable> TableTxn<T> {
                 indexes: SmallVec::new(),
                 revisions: None,
                 revision: root.revision,
-                rare: Some(root.rare.clone()),
+                rare: root.rare.clone(),
                 graveyard: LazyTxn::new(),
                 init: LazyTxn::new(),
                 pending: None,
@@ -676,13 +705,17 @@ impl<T: Storable> TableTxn<T> {
     }
 
     /// The initialization tree's transaction, opened on first use.
-    pub(crate) fn init_txn(&mut self) -> &mut part::Txn<()> {
-        self.init.txn(&uncommitted(&self.rare).init)
+    pub(crate) fn init_txn(&mut self, empty: &Arc<Rare<T>>) -> &mut part::Txn<()> {
+        let Self { rare, init, .. } = self;
+        init.txn(&rare.get_or_insert_with(|| empty.clone()).init)
     }
 
     /// The graveyard's transaction, opened on first use.
-    fn graveyard_txn(&mut self) -> &mut part::Txn<Obj<T>> {
-        self.graveyard.txn(&uncommitted(&self.rare).graveyard)
+    fn graveyard_txn(&mut self, empty: &Arc<Rare<T>>) -> &mut part::Txn<Obj<T>> {
+        let Self {
+            rare, graveyard, ..
+        } = self;
+        graveyard.txn(&rare.get_or_insert_with(|| empty.clone()).graveyard)
     }
 
     /// Builds the revision index from the transaction's objects if the
@@ -846,13 +879,13 @@ impl<T: Storable> TableTxn<T> {
         self.revision += 1;
         if self.track_deletes {
             let k = rev_key(self.revision);
-            self.graveyard_txn().insert(&k, old.clone())?;
+            self.graveyard_txn(&t.empty_rare).insert(&k, old.clone())?;
         }
         Ok(Some(old))
     }
 
     /// Deletes every object; returns how many.
-    pub(crate) fn delete_all(&mut self) -> Result<usize> {
+    pub(crate) fn delete_all(&mut self, t: &TableInner<T>) -> Result<usize> {
         let n = self.indexes[0].len();
         if n == 0 {
             return Ok(0);
@@ -862,7 +895,7 @@ impl<T: Storable> TableTxn<T> {
             for o in all {
                 self.revision += 1;
                 let k = rev_key(self.revision);
-                self.graveyard_txn().insert(&k, o)?;
+                self.graveyard_txn(&t.empty_rare).insert(&k, o)?;
             }
         } else {
             self.revision += n as u64;
@@ -1042,7 +1075,7 @@ impl<T: Storable> Table<T> {
 
     /// Deletes every object; returns how many.
     pub fn delete_all(&self, txn: &mut WriteTxn) -> Result<usize> {
-        txn.with_table(self, |s, _| s.delete_all())
+        txn.with_table(self, |s, _| s.delete_all(&self.inner))
     }
 
     // ---- reads --------------------------------------------------------
@@ -1277,7 +1310,7 @@ impl<T: Storable> Table<T> {
 
     /// Number of deleted objects kept for change-stream consumers.
     pub fn graveyard_len(&self, txn: &impl TxnRead) -> Result<usize> {
-        Ok(txn.view(self)?.graveyard().len())
+        Ok(txn.view(self)?.graveyard().map_or(0, |g| g.len()))
     }
 
     /// Writes the table as JSON: `{"table", "revision", "objects": [{"revision",

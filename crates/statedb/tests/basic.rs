@@ -632,6 +632,41 @@ fn initialization() {
     assert!(t.initialized(&r).unwrap());
 }
 
+/// A table that never wrote an initializer or a graveyard entry keeps no
+/// rare parts (its roots share the table's empty ones): watches on its
+/// initialization still fire when the first initializer is registered,
+/// not when one is registered and aborted, and a snapshot from before
+/// answers with a watch that has already fired.
+#[test]
+fn initialization_of_a_table_that_never_had_an_initializer() {
+    let f = fixture();
+    let t = &f.table;
+    write_one(&f, "a");
+    let before = f.db.read_txn();
+    let (init, w0) = t.initialized_watch(&before).unwrap();
+    assert!(init);
+    write_one(&f, "b");
+    assert!(!w0.is_closed(), "object writes leave initialization alone");
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.register_initializer(&mut w, "aborted").unwrap();
+    drop(w);
+    assert!(!w0.is_closed(), "an aborted registration changes nothing");
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    let i = t.register_initializer(&mut w, "k8s").unwrap();
+    let r = w.commit().unwrap();
+    assert!(w0.is_closed());
+    assert!(!t.initialized(&r).unwrap());
+    assert!(t.initialized(&before).unwrap());
+    assert!(t.initialized_watch(&before).unwrap().1.is_closed());
+    let (_, w1) = t.initialized_watch(&r).unwrap();
+    let mut w = f.db.write_txn(&[t]).unwrap();
+    t.initializer_done(&mut w, &i).unwrap();
+    let r = w.commit().unwrap();
+    assert!(w1.is_closed());
+    assert!(t.initialized(&r).unwrap());
+    assert_eq!(t.graveyard_len(&r).unwrap(), 0);
+}
+
 #[test]
 fn json_dump_and_stats() {
     let f = fixture();
