@@ -34,8 +34,11 @@ impl KeyBuf {
 
     #[inline]
     pub(crate) fn get(&self, i: usize) -> &[u8] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] };
-        &self.bytes[start..self.ends[i]]
+        // One look through the `SmallVec` (each index re-checks whether it
+        // spilled).
+        let ends = &self.ends[..];
+        let start = if i == 0 { 0 } else { ends[i - 1] };
+        &self.bytes[start..ends[i]]
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &[u8]> {
