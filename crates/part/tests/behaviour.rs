@@ -236,13 +236,22 @@ fn dropping_a_txn_changes_nothing() {
     assert!(!w.is_closed());
 }
 
+/// Two subtrees, `alpha/` and `beta/`, and watches on: the key `alpha/1`,
+/// the missing key `alpha/3`, the prefixes `alpha/` and `beta/`.
+fn alpha_beta_watches() -> (Tree<u32>, [part::Watch; 4]) {
+    let t = tree_of(&[b"alpha/1", b"alpha/2", b"beta/1", b"beta/2"]);
+    let ws = [
+        t.get_watch(b"alpha/1").1,
+        t.get_watch(b"alpha/3").1,
+        t.prefix_watch(b"alpha/").1,
+        t.prefix_watch(b"beta/").1,
+    ];
+    (t, ws)
+}
+
 #[test]
 fn watches_on_unrelated_subtrees_do_not_fire() {
-    let t = tree_of(&[b"alpha/1", b"alpha/2", b"beta/1", b"beta/2"]);
-    let (_, key_w) = t.get_watch(b"alpha/1");
-    let (_, missing_w) = t.get_watch(b"alpha/3");
-    let (_, prefix_w) = t.prefix_watch(b"alpha/");
-    let (_, beta_w) = t.prefix_watch(b"beta/");
+    let (t, [key_w, missing_w, prefix_w, beta_w]) = alpha_beta_watches();
     let mut txn = t.txn();
     txn.insert(b"beta/3", 1).unwrap();
     txn.delete(b"beta/1");
@@ -277,11 +286,7 @@ fn watch_on_a_superseded_snapshot_is_already_closed() {
 /// and the untouched ones do not.
 #[test]
 fn watches_fire_when_the_notifier_holds_the_last_reference() {
-    let t = tree_of(&[b"alpha/1", b"alpha/2", b"beta/1", b"beta/2"]);
-    let (_, key_w) = t.get_watch(b"alpha/1");
-    let (_, missing_w) = t.get_watch(b"alpha/3");
-    let (_, prefix_w) = t.prefix_watch(b"alpha/");
-    let (_, beta_w) = t.prefix_watch(b"beta/");
+    let (t, [key_w, missing_w, prefix_w, beta_w]) = alpha_beta_watches();
     let mut txn = t.txn();
     txn.insert(b"alpha/1", 7).unwrap();
     txn.insert(b"alpha/3", 8).unwrap();
