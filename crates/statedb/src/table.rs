@@ -401,8 +401,9 @@ pub struct TableTxn<T> {
     /// `None` while the table has no revision index.
     pub(crate) revisions: Option<TreeTxn<Obj<T>>>,
     pub(crate) revision: Revision,
-    /// The committed rare parts (`None` while the table has none, or once
-    /// they are written, the table's empty ones); taken by the commit.
+    /// The committed rare parts: `None` while the table has none, until
+    /// this transaction first writes one (then the table's empty ones);
+    /// taken by the commit.
     rare: Option<Arc<Rare<T>>>,
     pub(crate) graveyard: LazyTxn<Obj<T>>,
     pub(crate) init: LazyTxn<()>,
