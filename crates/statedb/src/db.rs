@@ -121,11 +121,19 @@ impl Roots {
         // `out` is empty: with no chunks (two tables or fewer) there is
         // nothing to collect (an empty `collect` still cost ~20
         // instructions per commit).
-        if self.chunks.is_empty() {
-            out.by = thread_tag();
-            return;
+        if !self.chunks.is_empty() {
+            out.chunks = self.successor_chunks(new);
         }
-        out.chunks = (self.chunks.iter().enumerate())
+        out.by = thread_tag();
+    }
+
+    /// The chunks of [`Roots::successor_into`]: shared unless `new` (the
+    /// roots left after the head's) replaces a root in them.
+    fn successor_chunks(
+        &self,
+        mut new: std::iter::Peekable<impl Iterator<Item = (usize, AnyRoot)>>,
+    ) -> SmallVec<[Arc<Chunk>; 3]> {
+        (self.chunks.iter().enumerate())
             .map(|(c, chunk)| {
                 let first = HEAD + c * CHUNK;
                 if new.peek().is_none_or(|(id, _)| *id >= first + chunk.len()) {
@@ -140,8 +148,7 @@ impl Roots {
                         .collect(),
                 )
             })
-            .collect();
-        out.by = thread_tag();
+            .collect()
     }
 }
 

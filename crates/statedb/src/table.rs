@@ -414,13 +414,13 @@ pub struct TableTxn<T> {
     layout: KeyLayout,
 }
 
-impl<T> TableTxn<T> {
-    /// The committed rare parts this transaction writes over: the table's
-    /// empty ones (`empty`) if it has none yet.
-    fn rare_to_write(&mut self, empty: &Arc<Rare<T>>) -> &Rare<T> {
-        self.rare.get_or_insert_with(|| empty.clone())
-    }
+/// The committed rare parts a transaction writes over (its `rare`): the
+/// table's empty ones (`empty`) if it has none yet.
+fn rare_to_write<'a, T>(rare: &'a mut Option<Arc<Rare<T>>>, empty: &Arc<Rare<T>>) -> &'a Rare<T> {
+    rare.get_or_insert_with(|| empty.clone())
+}
 
+impl<T> TableTxn<T> {
     /// The initializers pending as of this transaction's writes.
     pub(crate) fn pending(&self) -> &[(u64, String)] {
         match (&self.pending, &self.rare) {
@@ -433,7 +433,7 @@ impl<T> TableTxn<T> {
     /// The pending initializers, to change.
     pub(crate) fn pending_mut(&mut self, empty: &Arc<Rare<T>>) -> &mut Vec<(u64, String)> {
         if self.pending.is_none() {
-            let p = self.rare_to_write(empty).pending.clone();
+            let p = rare_to_write(&mut self.rare, empty).pending.clone();
             self.pending = Some(p);
         }
         self.pending.get_or_insert_with(Vec::new)
@@ -715,16 +715,13 @@ impl<T: Storable> TableTxn<T> {
 
     /// The initialization tree's transaction, opened on first use.
     pub(crate) fn init_txn(&mut self, empty: &Arc<Rare<T>>) -> &mut part::Txn<()> {
-        let Self { rare, init, .. } = self;
-        init.txn(&rare.get_or_insert_with(|| empty.clone()).init)
+        self.init.txn(&rare_to_write(&mut self.rare, empty).init)
     }
 
     /// The graveyard's transaction, opened on first use.
     fn graveyard_txn(&mut self, empty: &Arc<Rare<T>>) -> &mut part::Txn<Obj<T>> {
-        let Self {
-            rare, graveyard, ..
-        } = self;
-        graveyard.txn(&rare.get_or_insert_with(|| empty.clone()).graveyard)
+        self.graveyard
+            .txn(&rare_to_write(&mut self.rare, empty).graveyard)
     }
 
     /// Builds the revision index from the transaction's objects if the
