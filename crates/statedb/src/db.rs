@@ -861,7 +861,7 @@ impl<T: Storable> TableOps for TableInner<T> {
             Some(r) => (
                 r.indexes[0].len(),
                 r.revision,
-                r.rare.as_ref().map_or(0, |x| x.graveyard.len()),
+                r.graveyard_len(),
                 r.revisions.is_some(),
             ),
             None => (0, 0, 0, false),

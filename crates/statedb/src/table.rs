@@ -285,6 +285,11 @@ impl<T> TableRoot<T> {
         }
     }
 
+    /// Deleted objects kept (none while the table has no rare parts).
+    pub(crate) fn graveyard_len(&self) -> usize {
+        self.rare.as_ref().map_or(0, |r| r.graveyard.len())
+    }
+
     /// The rare parts, `empty` (the table's) while it has none.
     pub(crate) fn rare_or<'a>(&'a self, empty: &'a Rare<T>) -> &'a Rare<T> {
         self.rare.as_deref().unwrap_or(empty)
@@ -432,11 +437,8 @@ impl<T> TableTxn<T> {
 
     /// The pending initializers, to change.
     pub(crate) fn pending_mut(&mut self, empty: &Arc<Rare<T>>) -> &mut Vec<(u64, String)> {
-        if self.pending.is_none() {
-            let p = rare_to_write(&mut self.rare, empty).pending.clone();
-            self.pending = Some(p);
-        }
-        self.pending.get_or_insert_with(Vec::new)
+        let rare = &mut self.rare;
+        (self.pending).get_or_insert_with(|| rare_to_write(rare, empty).pending.clone())
     }
 
     /// Whether the initialization tree holds `key`.
@@ -519,7 +521,7 @@ impl<T: Storable> TableTxnDyn for TableTxn<T> {
             revision: this.revision,
             rare,
         };
-        let graveyard = root.rare.as_ref().map_or(0, |r| r.graveyard.len());
+        let graveyard = root.graveyard_len();
         // Before the roots holding it are published (see
         // `TableMetrics::set_graveyard_len`).
         ws.meta.metrics.set_graveyard_len(graveyard);
