@@ -1219,25 +1219,43 @@ const DROP_RECURSION: u32 = 64;
 /// apart one by one, so a tree as deep as its longest key cannot overflow
 /// the stack. Every slot is empty afterwards.
 pub(crate) fn drop_children<V>(slots: &mut [Option<Child<V>>]) {
-    drop_children_with(slots, |s| {
-        for slot in s.iter_mut() {
-            drop(slot.take());
-        }
-    });
+    drop_children_with(
+        slots,
+        |s| {
+            for slot in s.iter_mut() {
+                drop(slot.take());
+            }
+        },
+        |_| {},
+    );
 }
 
-/// [`drop_children`] for a node256 array whose only occupied slots are the
-/// set bits of `occupied`: the usual, shallow case visits only those.
-pub(crate) fn drop_slots256<V>(slots: &mut [Option<Child<V>>; 256], occupied: [u64; 4]) {
-    drop_children_with(slots, |s| {
-        crate::slots::each_bit(occupied, |i| drop(s[i].take()));
-    });
+/// [`drop_children`] for a node256 array that holds a reference for the
+/// set bits of `owned` and bitwise copies it must not drop for those of
+/// `borrowed` (see `slots.rs`). The usual, shallow case visits only the
+/// owned slots and leaves the copies where they are (the array is never
+/// dropped as a whole): forgetting them one by one wrote up to 2 KiB per
+/// node freed, once per flattened delta.
+pub(crate) fn drop_slots256<V>(
+    slots: &mut [Option<Child<V>>; 256],
+    owned: [u64; 4],
+    borrowed: [u64; 4],
+) {
+    use crate::slots::each_bit;
+    drop_children_with(
+        slots,
+        |s| each_bit(owned, |i| drop(s[i].take())),
+        |s| each_bit(borrowed, |i| std::mem::forget(s[i].take())),
+    );
 }
 
-/// `shallow` drops every child when the nesting allows recursion.
+/// `shallow` drops every child when the nesting allows recursion; else
+/// `forget` first empties the slots that must not be dropped, and the
+/// rest go through a work list.
 fn drop_children_with<V>(
     slots: &mut [Option<Child<V>>],
     shallow: impl FnOnce(&mut [Option<Child<V>>]),
+    forget: impl FnOnce(&mut [Option<Child<V>>]),
 ) {
     // During thread teardown the counter may be gone: use the work list.
     let depth = DROP_DEPTH.try_with(|d| d.get()).unwrap_or(DROP_RECURSION);
@@ -1247,6 +1265,7 @@ fn drop_children_with<V>(
         let _ = DROP_DEPTH.try_with(|d| d.set(depth));
         return;
     }
+    forget(slots);
     let mut work: Vec<Child<V>> = Vec::new();
     collect_unique(slots, &mut work);
     while let Some(mut c) = work.pop() {

@@ -378,7 +378,7 @@ impl<V> Slots256<V> {
 impl<V> Drop for Slots256<V> {
     fn drop(&mut self) {
         let owned: [u64; 4] = std::array::from_fn(|w| self.present[w] & !self.borrowed[w]);
-        crate::node::drop_slots256(self.for_drop(), owned);
+        crate::node::drop_slots256(&mut self.children, owned, self.borrowed);
     }
 }
 
