@@ -492,8 +492,9 @@ impl Db {
 
     /// A write transaction locking `tables` (in table-id order, repetitions
     /// ignored: deadlock-free whatever the order). Blocks while another
-    /// write transaction holds one of them. Do not open a second write
-    /// transaction on a table from the thread already holding one.
+    /// thread's write transaction holds one of them; fails with
+    /// [`Error::LockedByThisThread`] (locking nothing) if one of this
+    /// thread's does, which it would otherwise wait for forever.
     pub fn write_txn(&self, tables: &[&dyn AnyTable]) -> Result<WriteTxn> {
         let mut metas: SmallVec<[&dyn AnyTable; 4]> = SmallVec::new();
         for &t in tables {
@@ -507,7 +508,8 @@ impl Db {
         metas.dedup_by_key(|t| t.meta().id);
         // Pushed into, not sized ahead: `with_capacity` builds the inline
         // vector apart and copies it.
-        let mut locked = SmallVec::new();
+        let mut locked: SmallVec<[Locked; 4]> = SmallVec::new();
+        let me = thread_tag();
         // By reference: the owning iterator moved the vector and checked
         // each step (~30 instructions for one table).
         for &t in metas.iter() {
@@ -522,6 +524,11 @@ impl Db {
                     g
                 }
                 None => {
+                    if m.metrics.held_by(me) {
+                        // `locked` drops here: the tables taken so far are
+                        // released, their holder tags cleared first.
+                        return Err(Error::LockedByThisThread(m.name.clone()));
+                    }
                     let t0 = Instant::now();
                     let mut g = lock_spinning(lock, t0);
                     let now = Instant::now();
@@ -530,6 +537,7 @@ impl Db {
                     g
                 }
             };
+            m.metrics.set_holder(me);
             locked.push(Locked { guard, state: None });
         }
         Ok(WriteTxn {
