@@ -4,6 +4,9 @@
 //! apart consecutive keys' leaves lie in memory.
 //!
 //! `cargo run --release -p statedb --example in_order_get -- [get|all] [PASSES]`
+//! (`SCATTER=1`: the table is filled into a heap whose free blocks of the
+//! leaves' and objects' sizes lie in random order, as after other work, so
+//! consecutive keys' leaves and objects are far apart)
 
 // The benchmark suite's fixtures: `TestObject`, tables, `fill`.
 #[path = "../benches/common.rs"]
@@ -25,6 +28,23 @@ fn main() {
     let mode = args.next().unwrap_or_else(|| "get".into());
     let passes: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(50);
     let b = new_db(false);
+    // Blocks of the leaves' and objects' sizes, a third of them kept (and
+    // leaked) so the rest are free in random order when the fill runs.
+    if std::env::var_os("SCATTER").is_some() {
+        let mut blocks: Vec<Box<[u64; 6]>> = (0..6 * BIG).map(|i| Box::new([i; 6])).collect();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for i in (1..blocks.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            blocks.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        for (i, blk) in blocks.into_iter().enumerate() {
+            if i % 3 == 0 {
+                std::mem::forget(blk);
+            }
+        }
+    }
     fill(&b, BIG);
     let (db, table, by_id) = (&b.db, &b.table, &b.by_id);
     let r = db.read_txn();
