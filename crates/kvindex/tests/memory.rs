@@ -3,36 +3,15 @@
 //! measures live heap bytes; the test binary has this single test so no
 //! other thread allocates meanwhile.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
-
 use kvindex::workload::{Workload, WorkloadConfig};
 use kvindex::{ConcurrentIndex, KvEvent, KvEventData, KvIndexer, ReferenceIndex, WorkerKey};
 
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards every call to `System` unchanged; only counts sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
+#[path = "../../part/benches/support/live_bytes.rs"]
+mod live_bytes;
+use live_bytes::live;
 
 #[global_allocator]
-static A: Counting = Counting;
+static A: live_bytes::LiveBytes = live_bytes::LiveBytes;
 
 /// What crossbeam-epoch's collector may keep between collections.
 const EPOCH_ALLOWANCE: isize = 16 * 1024;
@@ -40,10 +19,6 @@ const EPOCH_ALLOWANCE: isize = 16 * 1024;
 /// The allocator's count is process-wide: tests that read it run one at a
 /// time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn live() -> isize {
-    LIVE.load(Relaxed)
-}
 
 fn measure(
     ix: &dyn KvIndexer,

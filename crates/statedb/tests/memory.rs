@@ -7,70 +7,25 @@
 //! allocates meanwhile. `cargo test -p statedb --test memory -- --nocapture`
 //! prints the figures.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
+// The benchmark suite's fixtures: Go's `testObject`, its tables.
+#[path = "../benches/common.rs"]
+mod common;
+#[path = "../../part/benches/support/live_bytes.rs"]
+mod live_bytes;
 
-use statedb::{Db, DbOptions, Index, Table};
-
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards every call to `System` unchanged; only counts sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new as isize - l.size() as isize, Relaxed);
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
+use common::{new_db_named, obj, tagged, Bench, TestObject};
+use live_bytes::live;
+use statedb::{Db, DbOptions, Table};
 
 #[global_allocator]
-static A: Counting = Counting;
-
-fn live() -> isize {
-    LIVE.load(Relaxed)
-}
-
-/// Go statedb's benchmark object: an id and a set of tags.
-struct TestObject {
-    id: u64,
-    tags: &'static [&'static str],
-}
+static A: live_bytes::LiveBytes = live_bytes::LiveBytes;
 
 const N: u64 = 100_000;
-
-/// Two tags per object, as the suite's `WriteTxn_100_SecondaryIndex`.
-fn tags(id: u64) -> &'static [&'static str] {
-    const TAGS: [&[&str]; 2] = [&["foo", "bar"], &["foo", "baz"]];
-    TAGS[(id % 2) as usize]
-}
 
 /// What a stored object itself takes: the value with its two revisions
 /// behind the `Arc`'s count. The rest of a table's bytes are its indexes.
 fn object_bytes() -> usize {
     std::mem::size_of::<statedb::Object<TestObject>>() + std::mem::size_of::<usize>()
-}
-
-/// An empty table, with the two-tag secondary index if `secondary`.
-fn table(db: &Db, name: &str, secondary: bool) -> Table<TestObject> {
-    let by_id = Index::unique("id", |o: &TestObject| o.id);
-    let by_tag = Index::non_unique_multi("tags", |o: &TestObject| o.tags.iter().copied());
-    let sec = if secondary {
-        vec![by_tag.erase()]
-    } else {
-        vec![]
-    };
-    db.create_table(name, &by_id, &sec).unwrap()
 }
 
 /// Fills `table` with ids `0..N` in transactions of 1000; returns the heap
@@ -81,8 +36,8 @@ fn fill(db: &Db, table: &Table<TestObject>, secondary: bool) -> f64 {
     while id < N {
         let mut w = db.write_txn(&[table]).unwrap();
         for _ in 0..1000 {
-            let t = if secondary { tags(id) } else { &[] };
-            table.insert(&mut w, TestObject { id, tags: t }).unwrap();
+            let o = if secondary { tagged(id) } else { obj(id) };
+            table.insert(&mut w, o).unwrap();
             id += 1;
         }
         w.commit().unwrap();
@@ -98,15 +53,7 @@ fn rewrite(db: &Db, table: &Table<TestObject>, rounds: u64) {
         x ^= x >> 7;
         x ^= x << 17;
         let mut w = db.write_txn(&[table]).unwrap();
-        table
-            .insert(
-                &mut w,
-                TestObject {
-                    id: x % N,
-                    tags: &[],
-                },
-            )
-            .unwrap();
+        table.insert(&mut w, obj(x % N)).unwrap();
         w.commit().unwrap();
     }
 }
@@ -128,15 +75,13 @@ fn bytes_per_object_and_everything_freed_after_delete_all() {
     // The tables, empty, and one transaction that sets up this thread's
     // and the database's reusable parts (a spare root vector, key buffers).
     let before = live();
-    let plain = table(&db, "plain", false);
+    let Bench { table: plain, .. } = new_db_named(&db, "plain", false);
     let empty_table = live() - before;
     println!("an empty table with one index: {empty_table} B");
-    let tagged = table(&db, "tagged", true);
-    let revs = table(&db, "revisions", false);
+    let Bench { table: tags, .. } = new_db_named(&db, "tagged", true);
+    let Bench { table: revs, .. } = new_db_named(&db, "revisions", false);
     let mut w = db.write_txn(&[&plain]).unwrap();
-    plain
-        .insert(&mut w, TestObject { id: 0, tags: &[] })
-        .unwrap();
+    plain.insert(&mut w, obj(0)).unwrap();
     w.commit().unwrap();
     let mut w = db.write_txn(&[&plain]).unwrap();
     plain.delete_all(&mut w).unwrap();
@@ -166,13 +111,13 @@ fn bytes_per_object_and_everything_freed_after_delete_all() {
     delete_all(&db, &plain);
 
     // Non-unique secondary index, two tags per object.
-    let per = fill(&db, &tagged, true);
+    let per = fill(&db, &tags, true);
     println!(
         "with a two-tag secondary index: {per:.1} B per object ({:.1} for the indexes)",
         per - obj
     );
     assert!(per - obj < 250.0, "tags: {:.1} B per object", per - obj);
-    delete_all(&db, &tagged);
+    delete_all(&db, &tags);
 
     // The revision index, built on the first write after a consumer
     // registers (statedb design.md, "Data layout").
@@ -199,7 +144,7 @@ fn bytes_per_object_and_everything_freed_after_delete_all() {
         "{left} B left after deleting everything"
     );
     let r = db.read_txn();
-    for t in [&plain, &tagged, &revs] {
+    for t in [&plain, &tags, &revs] {
         assert_eq!(t.len(&r).unwrap(), 0);
     }
 }
