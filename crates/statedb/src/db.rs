@@ -492,9 +492,8 @@ impl Db {
 
     /// A write transaction locking `tables` (in table-id order, repetitions
     /// ignored: deadlock-free whatever the order). Blocks while another
-    /// thread's write transaction holds one of them; fails with
-    /// [`Error::LockedByThisThread`] (locking nothing) if one of this
-    /// thread's does, which it would otherwise wait for forever.
+    /// write transaction holds one of them. Do not open a second write
+    /// transaction on a table from the thread already holding one.
     pub fn write_txn(&self, tables: &[&dyn AnyTable]) -> Result<WriteTxn> {
         let mut metas: SmallVec<[&dyn AnyTable; 4]> = SmallVec::new();
         for &t in tables {
@@ -508,8 +507,7 @@ impl Db {
         metas.dedup_by_key(|t| t.meta().id);
         // Pushed into, not sized ahead: `with_capacity` builds the inline
         // vector apart and copies it.
-        let mut locked: SmallVec<[Locked; 4]> = SmallVec::new();
-        let me = thread_tag();
+        let mut locked = SmallVec::new();
         // By reference: the owning iterator moved the vector and checked
         // each step (~30 instructions for one table).
         for &t in metas.iter() {
@@ -524,11 +522,6 @@ impl Db {
                     g
                 }
                 None => {
-                    if m.metrics.held_by(me) {
-                        // `locked` drops here: the tables taken so far are
-                        // released, their holder tags cleared first.
-                        return Err(Error::LockedByThisThread(m.name.clone()));
-                    }
                     let t0 = Instant::now();
                     let mut g = lock_spinning(lock, t0);
                     let now = Instant::now();
@@ -537,7 +530,6 @@ impl Db {
                     g
                 }
             };
-            m.metrics.set_holder(me);
             locked.push(Locked { guard, state: None });
         }
         Ok(WriteTxn {

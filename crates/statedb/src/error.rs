@@ -48,11 +48,6 @@ pub enum Error {
     /// Writing a table the write transaction did not lock.
     #[error("table {0:?} is not locked by this write transaction")]
     TableNotLocked(String),
-    /// The calling thread already holds this table's write lock, through
-    /// a write transaction it has not committed or dropped: waiting for the
-    /// lock would wait for itself.
-    #[error("table {0:?} is already locked by a write transaction of this thread")]
-    LockedByThisThread(String),
     /// The write transaction was already committed or aborted: it takes no
     /// more writes and answers no reads.
     #[error("the write transaction is already committed or aborted")]

@@ -107,11 +107,6 @@ pub(crate) struct TableMetrics {
     /// thread that never loads them costs commits nothing (every thread
     /// that ever loaded adds a node to the list each swap walks).
     graveyard_len: AtomicU64,
-    /// The tag of the thread holding the table's write lock through a
-    /// write transaction (0: none, or the background collector), so that
-    /// the same thread asking again gets an error instead of waiting for
-    /// itself. Kept here, on the lines every holder writes anyway.
-    holder: AtomicU64,
 }
 
 impl TableMetrics {
@@ -129,25 +124,7 @@ impl TableMetrics {
             lock_hold: Timing::default(),
             commit: Timing::default(),
             graveyard_len: AtomicU64::new(0),
-            holder: AtomicU64::new(0),
         }
-    }
-
-    /// Records the thread that took the table's write lock (`0` before it
-    /// lets go). `Relaxed`: only the holder's own later test must see its
-    /// tag, which program order gives; another thread sees either 0 or
-    /// some other thread's tag, never its own, while it does not hold the
-    /// lock.
-    #[inline]
-    pub(crate) fn set_holder(&self, tag: u64) {
-        self.holder.store(tag, Ordering::Relaxed);
-    }
-
-    /// Whether the thread tagged `tag` holds the table's write lock
-    /// through a write transaction (see [`TableMetrics::set_holder`]).
-    #[inline]
-    pub(crate) fn held_by(&self, tag: u64) -> bool {
-        self.holder.load(Ordering::Relaxed) == tag
     }
 
     /// Called by the new holder of the table's write lock.

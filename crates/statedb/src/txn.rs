@@ -144,14 +144,6 @@ impl Locked {
     }
 }
 
-impl Drop for Locked {
-    /// Clears the holder tag before the guard (a later field) unlocks, on
-    /// every path: release, abort, a failed `write_txn`, unwinding.
-    fn drop(&mut self) {
-        self.meta().metrics.set_holder(0);
-    }
-}
-
 /// The clock, read only if some hold in `locked` is timed (see
 /// [`crate::DbOptions::time_one_in`]).
 pub(crate) fn now_if_timed(locked: &[Locked]) -> Option<Instant> {

@@ -135,58 +135,6 @@ fn write_to_unlocked_table() {
     assert_eq!(b.table.len(&w).unwrap(), 0);
 }
 
-/// A thread that asks again for a table its own open write transaction
-/// holds gets an error at once (waiting would wait for itself), and the
-/// failed call leaves every other table it named unlocked.
-#[test]
-fn locking_a_table_this_thread_already_holds() {
-    let db = db_no_gc();
-    let a = table_in(&db, "a");
-    let b = table_in(&db, "b");
-    let c = table_in(&db, "c");
-    let mut w = db.write_txn(&[&b.table]).unwrap();
-    b.table.insert(&mut w, obj(1, "x", &[], 0)).unwrap();
-    let e = Error::LockedByThisThread("b".into());
-    assert_eq!(db.write_txn(&[&b.table]).unwrap_err(), e);
-    // `a` (before `b` in lock order) was taken, then let go.
-    assert_eq!(
-        db.write_txn(&[&c.table, &b.table, &a.table]).unwrap_err(),
-        e
-    );
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut wa = db.write_txn(&[&a.table, &c.table]).unwrap();
-            a.table.insert(&mut wa, obj(2, "y", &[], 0)).unwrap();
-            wa.commit().unwrap();
-        });
-    });
-    // The open transaction is untouched and commits.
-    let r = w.commit().unwrap();
-    assert_eq!(b.table.len(&r).unwrap(), 1);
-    assert_eq!(a.table.len(&r).unwrap(), 1);
-    // Once it is done the table is free again, on this thread too; and
-    // another thread holding it makes this one wait, not fail.
-    let mut w = db.write_txn(&[&b.table]).unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            tx.send(()).unwrap();
-            let mut w2 = db.write_txn(&[&b.table]).unwrap();
-            b.table.insert(&mut w2, obj(3, "z", &[], 0)).unwrap();
-            w2.commit().unwrap();
-        });
-        rx.recv().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        b.table.insert(&mut w, obj(4, "w", &[], 0)).unwrap();
-        w.commit().unwrap();
-    });
-    assert_eq!(b.table.len(&db.read_txn()).unwrap(), 3);
-    // Dropping a transaction (abort) frees it as well.
-    let w = db.write_txn(&[&a.table, &b.table]).unwrap();
-    drop(w);
-    db.write_txn(&[&b.table]).unwrap().commit().unwrap();
-}
-
 #[test]
 fn committing_twice_and_writing_after_commit() {
     let f = fixture();
