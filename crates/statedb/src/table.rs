@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use crate::changes::Tracker;
 use crate::index::{AnyIndex, Index, KeyBuf};
-use crate::key::{expand, expand_escaped, rev_key, Key, KeyLayout};
+use crate::key::{expand, expand_escaped, expand_fixed, rev_key, Key, KeyLayout};
 use crate::line::CacheLine;
 use crate::metrics::TableMetrics;
 use crate::object::Object;
@@ -314,7 +314,7 @@ pub(crate) enum TreeRef<'a, V> {
 }
 
 impl<'a, V: Clone> TreeRef<'a, V> {
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get(&self, k: &[u8]) -> Option<&'a V> {
         match *self {
             TreeRef::Tree(t) => t.get(k),
@@ -974,6 +974,30 @@ impl<T> std::fmt::Debug for Objects<'_, T> {
     }
 }
 
+/// [`Table::get`] for the other keys: encoded through the per-thread
+/// scratch buffer, a non-unique index's first entry by prefix.
+#[inline(never)]
+fn get_encoded<'a, T, K, Q>(
+    tree: TreeRef<'a, Obj<T>>,
+    idx: &Index<T, K>,
+    layout: KeyLayout,
+    key: &Q,
+) -> Option<&'a Obj<T>>
+where
+    K: Borrow<Q>,
+    Q: Key + ?Sized,
+{
+    idx.with_point(layout, key, |k| {
+        if idx.is_unique() {
+            tree.get(k)
+        } else {
+            tree.scan(&Scan::Prefix(k.to_vec()), false)
+                .next()
+                .map(|(_, v)| v)
+        }
+    })
+}
+
 fn exact(k: Vec<u8>) -> Scan {
     Scan::Range(Bound::Included(k.clone()), Bound::Included(k))
 }
@@ -1105,6 +1129,7 @@ impl<T: Storable> Table<T> {
 
     /// The object under `key` (the first one, by primary key, on a
     /// non-unique index).
+    #[inline(always)]
     pub fn get<'a, K, Q>(
         &self,
         txn: &'a impl TxnRead,
@@ -1117,15 +1142,18 @@ impl<T: Storable> Table<T> {
     {
         let pos = self.pos(idx)?;
         let tree = txn.view(self)?.index(pos);
-        Ok(idx.with_point(self.inner.layout, key, |k| {
-            if idx.is_unique() {
-                tree.get(k)
-            } else {
-                tree.scan(&Scan::Prefix(k.to_vec()), false)
-                    .next()
-                    .map(|(_, v)| v)
+        // The common case, a unique index and a fixed-width key: the stored
+        // key is built on the stack and the whole lookup inlines into the
+        // caller (out of line, the call and the closure behind it cost ~35 of
+        // a point read's ~240 instructions).
+        if idx.is_unique() {
+            let mut buf = [0u8; 16];
+            if let Some(n) = key.encode_fixed(&mut buf) {
+                let layout = self.inner.layout;
+                return Ok(tree.get(expand_fixed(layout, &buf[..n], &mut [0u8; 32])));
             }
-        }))
+        }
+        Ok(get_encoded(tree, idx, self.inner.layout, key))
     }
 
     /// [`Table::get`] and a watch that fires when its result may change.
