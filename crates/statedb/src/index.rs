@@ -241,6 +241,28 @@ impl<T, K> Index<T, K> {
         }
     }
 
+    /// The stored-key form of a point query in `out`, if the index is
+    /// unique and the key fixed-width: a short key of a unique index is
+    /// stored as `expand` makes it, so it is built on the stack.
+    #[inline(always)]
+    pub(crate) fn fixed_point<'b, Q>(
+        &self,
+        layout: KeyLayout,
+        q: &Q,
+        out: &'b mut [u8; 32],
+    ) -> Option<&'b [u8]>
+    where
+        K: Borrow<Q>,
+        Q: Key + ?Sized,
+    {
+        if !self.is_unique() {
+            return None;
+        }
+        let mut buf = [0u8; 16];
+        let n = q.encode_fixed(&mut buf)?;
+        Some(expand_fixed(layout, &buf[..n], out))
+    }
+
     /// Runs `f` on the stored-key form of a point query, built in a
     /// per-thread buffer (no allocation on the lookup path).
     #[inline]
@@ -249,13 +271,8 @@ impl<T, K> Index<T, K> {
         K: Borrow<Q>,
         Q: Key + ?Sized,
     {
-        // A short key of a unique index is stored as `expand` makes it: build
-        // it on the stack.
-        if self.is_unique() {
-            let mut buf = [0u8; 16];
-            if let Some(n) = q.encode_fixed(&mut buf) {
-                return f(expand_fixed(layout, &buf[..n], &mut [0u8; 32]));
-            }
+        if let Some(k) = self.fixed_point(layout, q, &mut [0u8; 32]) {
+            return f(k);
         }
         SCRATCH.with(|cell| match cell.try_borrow_mut() {
             Ok(mut bufs) => {

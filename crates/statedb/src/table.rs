@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use crate::changes::Tracker;
 use crate::index::{AnyIndex, Index, KeyBuf};
-use crate::key::{expand, expand_escaped, expand_fixed, rev_key, Key, KeyLayout};
+use crate::key::{expand, expand_escaped, rev_key, Key, KeyLayout};
 use crate::line::CacheLine;
 use crate::metrics::TableMetrics;
 use crate::object::Object;
@@ -1146,12 +1146,8 @@ impl<T: Storable> Table<T> {
         // key is built on the stack and the whole lookup inlines into the
         // caller (out of line, the call and the closure behind it cost ~35 of
         // a point read's ~240 instructions).
-        if idx.is_unique() {
-            let mut buf = [0u8; 16];
-            if let Some(n) = key.encode_fixed(&mut buf) {
-                let layout = self.inner.layout;
-                return Ok(tree.get(expand_fixed(layout, &buf[..n], &mut [0u8; 32])));
-            }
+        if let Some(k) = idx.fixed_point(self.inner.layout, key, &mut [0u8; 32]) {
+            return Ok(tree.get(k));
         }
         Ok(get_encoded(tree, idx, self.inner.layout, key))
     }
