@@ -271,9 +271,24 @@ impl<T, K> Index<T, K> {
         K: Borrow<Q>,
         Q: Key + ?Sized,
     {
-        if let Some(k) = self.fixed_point(layout, q, &mut [0u8; 32]) {
-            return f(k);
+        match self.fixed_point(layout, q, &mut [0u8; 32]) {
+            Some(k) => f(k),
+            None => self.with_encoded_point(layout, q, f),
         }
+    }
+
+    /// [`Index::with_point`] without its fixed-width shortcut: for callers
+    /// that already tried [`Index::fixed_point`] (any key works here).
+    pub(crate) fn with_encoded_point<Q, R>(
+        &self,
+        layout: KeyLayout,
+        q: &Q,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> R
+    where
+        K: Borrow<Q>,
+        Q: Key + ?Sized,
+    {
         SCRATCH.with(|cell| match cell.try_borrow_mut() {
             Ok(mut bufs) => {
                 let (raw, out) = &mut *bufs;

@@ -974,8 +974,9 @@ impl<T> std::fmt::Debug for Objects<'_, T> {
     }
 }
 
-/// [`Table::get`] for the other keys: encoded through the per-thread
-/// scratch buffer, a non-unique index's first entry by prefix.
+/// [`Table::get`] for the keys [`Index::fixed_point`] does not build:
+/// encoded through the per-thread scratch buffer, a non-unique index's
+/// first entry by prefix.
 #[inline(never)]
 fn get_encoded<'a, T, K, Q>(
     tree: TreeRef<'a, Obj<T>>,
@@ -987,7 +988,7 @@ where
     K: Borrow<Q>,
     Q: Key + ?Sized,
 {
-    idx.with_point(layout, key, |k| {
+    idx.with_encoded_point(layout, key, |k| {
         if idx.is_unique() {
             tree.get(k)
         } else {
