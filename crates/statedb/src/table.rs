@@ -810,19 +810,30 @@ impl<T: Storable> TableTxn<T> {
             let created = old.map_or(rev, |o| o.created_revision());
             triomphe::Arc::new(Object::new(value, rev, created))
         };
-        let obj = if look_first {
+        // A handle on the new object beside the primary index's only when
+        // another tree takes it too: the clone and its drop were two
+        // locked instructions of every primary-only write.
+        let fan_out = self.revisions.is_some() || idx.len() > 1;
+        let kept = if look_first {
             let obj = new(old.as_ref());
-            self.indexes[0].insert(&keys.pk, obj.clone())?;
-            obj
+            let kept = fan_out.then(|| obj.clone());
+            self.indexes[0].insert(&keys.pk, obj)?;
+            kept
         } else {
-            let mut obj = None;
-            old = self.indexes[0].modify(&keys.pk, |o| obj.insert(new(o)).clone())?;
-            let Some(obj) = obj else {
-                unreachable!("a successful modify calls its closure")
-            };
-            obj
+            let mut kept = None;
+            old = self.indexes[0].modify(&keys.pk, |o| {
+                let obj = new(o);
+                if fan_out {
+                    kept = Some(obj.clone());
+                }
+                obj
+            })?;
+            kept
         };
         self.revision = rev;
+        let Some(obj) = kept else {
+            return Ok(old);
+        };
         let pk = keys.new_keys[0].get(0);
         if let Some(r) = &mut self.revisions {
             if let Some(o) = &old {
