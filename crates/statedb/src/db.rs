@@ -8,7 +8,6 @@ use std::sync::{Arc, Weak};
 use std::thread::Thread;
 use std::time::Duration;
 
-use arc_swap::ArcSwapAny;
 use parking_lot::{ArcMutexGuard, Mutex, RawMutex, RwLock};
 use quanta::Instant;
 use smallvec::SmallVec;
@@ -18,6 +17,7 @@ use crate::index::{AnyIndex, Index};
 use crate::key::KeyLayout;
 use crate::line::CacheLine;
 use crate::metrics::{TableMetrics, Timings};
+use crate::publish::RootCell;
 use crate::table::{
     AnyTable, Finished, Storable, Table, TableInner, TableMeta, TableRoot, WriterState,
 };
@@ -240,40 +240,16 @@ pub(crate) trait TableOps: Send + Sync {
     fn collect(&self, db: &DbInner) -> usize;
 }
 
-/// The latest committed roots, and how many times they were replaced, on
-/// one line: a [`Reader`] whose snapshot is current learns so from one
-/// plain load of the count, without the `ArcSwap` load's two locked
-/// instructions on its debt slot (a slot every commit's swap also reads).
-pub(crate) struct Published {
-    pub(crate) roots: ArcSwapAny<SharedRoots>,
-    /// Bumped after every swap of `roots`, under the commit lock.
-    pub(crate) version: AtomicU64,
-}
-
-impl Published {
-    /// Replaces the roots (the caller holds the commit lock); returns the
-    /// old ones.
-    fn swap(&self, new: SharedRoots) -> SharedRoots {
-        let old = self.roots.swap(new);
-        // Release: a reader that loads (Acquire) the new count loads the
-        // new roots, or newer ones, after it. The commit lock orders
-        // writers, so a load and a store make the increment.
-        let v = self.version.load(Ordering::Relaxed);
-        self.version.store(v.wrapping_add(1), Ordering::Release);
-        old
-    }
-}
-
 /// Aligned so that the `Arc`'s counts (written by every write transaction)
 /// do not share a line with the fields readers load on every read.
 #[repr(align(128))]
 pub(crate) struct DbInner {
     pub(crate) uid: u64,
-    /// Alone on its lines: the commit lock, the retired list and the
-    /// counts beside it are written far more often than it changes.
-    pub(crate) root: CacheLine<Published>,
-    /// The commit lock, which orders the swaps of `root`.
-    commit_lock: Mutex<()>,
+    /// The latest committed roots and their swap count, on lines of their
+    /// own (the retired list and the counts beside them are written far
+    /// more often than they change); the lock that orders commits (the
+    /// cell's writer) on the next pair.
+    pub(crate) root: RootCell<Roots>,
     pub(crate) tables: RwLock<Vec<Arc<dyn TableOps>>>,
     gc_thread: Mutex<Option<Thread>>,
     closing: AtomicBool,
@@ -371,11 +347,7 @@ impl Db {
         let _ = Instant::now();
         let inner = Arc::new_cyclic(|me| DbInner {
             uid: NEXT_DB.fetch_add(1, Ordering::Relaxed),
-            root: CacheLine(Published {
-                roots: ArcSwapAny::new(SharedRoots::new(Roots::default())),
-                version: AtomicU64::new(0),
-            }),
-            commit_lock: Mutex::new(()),
+            root: RootCell::new(SharedRoots::new(Roots::default())),
             tables: RwLock::new(Vec::new()),
             gc_thread: Mutex::new(None),
             closing: AtomicBool::new(false),
@@ -458,12 +430,12 @@ impl Db {
             empty_rare: Arc::new(crate::table::Rare::empty()),
         });
         {
-            let _g = self.inner.commit_lock.lock();
+            let mut w = self.inner.root.write();
             let roots = new_roots(|r| {
-                self.inner.root.roots.load().successor_into(r, []);
+                w.current().successor_into(r, []);
                 r.push(Arc::new(TableRoot::<T>::new(n)));
             });
-            drop(self.inner.root.swap(roots));
+            drop(w.swap(roots));
         }
         tables.push(inner.clone());
         Ok(Table { inner })
@@ -474,7 +446,7 @@ impl Db {
     pub fn read_txn(&self) -> ReadTxn {
         ReadTxn {
             db_uid: self.inner.uid,
-            roots: self.inner.root.roots.load_full(),
+            roots: self.inner.root.load_full(),
         }
     }
 
@@ -482,7 +454,7 @@ impl Db {
     /// reference-count traffic while nothing is committed.
     pub fn reader(&self) -> Reader {
         // The count first: the snapshot is then at least as new as it.
-        let version = self.inner.root.version.load(Ordering::Acquire);
+        let version = self.inner.root.version();
         Reader {
             db: self.inner.clone(),
             version,
@@ -556,7 +528,7 @@ impl Db {
 
     /// Figures for every table.
     pub fn stats(&self) -> Vec<TableStats> {
-        let roots = self.inner.root.roots.load_full();
+        let roots = self.inner.root.load_full();
         self.inner
             .tables
             .read()
@@ -781,9 +753,9 @@ impl DbInner {
     /// Publishes one table's new root (the caller holds its lock).
     pub(crate) fn publish_one(&self, id: usize, root: Arc<dyn Any + Send + Sync>) {
         let old = {
-            let _g = self.commit_lock.lock();
-            let roots = new_roots(|r| self.root.roots.load().successor_into(r, [(id, root)]));
-            self.root.swap(roots)
+            let mut w = self.root.write();
+            let roots = new_roots(|r| w.current().successor_into(r, [(id, root)]));
+            w.swap(roots)
         };
         self.retire(old);
     }
@@ -803,14 +775,14 @@ impl DbInner {
             }
         }
         let (roots, old) = if done.is_empty() {
-            (db.root.roots.load_full(), None)
+            (db.root.load_full(), None)
         } else {
-            let _g = db.commit_lock.lock();
+            let mut w = db.root.write();
             // `locked` is in table-id order, and so is `done`.
             let new =
                 (done.iter_mut()).filter_map(|(i, f)| Some((locked[*i].meta().id, f.root.take()?)));
-            let roots = new_roots(|r| db.root.roots.load().successor_into(r, new));
-            let old = db.root.swap(roots.clone());
+            let roots = new_roots(|r| w.current().successor_into(r, new));
+            let old = w.swap(roots.clone());
             (roots, Some(old))
         };
         let released = now_if_timed(locked);
@@ -877,7 +849,7 @@ impl<T: Storable> TableOps for TableInner<T> {
         }
         let mut guard = self.lock.lock();
         let low = guard.low_watermark();
-        let roots = db.root.roots.load_full();
+        let roots = db.root.load_full();
         let Some(root) = roots.get(id).and_then(|r| r.downcast_ref::<TableRoot<T>>()) else {
             return 0;
         };

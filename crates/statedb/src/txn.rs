@@ -85,7 +85,7 @@ impl Reader {
         // moved is followed by a load that finds those roots or newer. An
         // unchanged count means no commit finished since `txn` was loaded
         // (one still publishing has not returned to its caller yet).
-        let v = self.db.root.version.load(Ordering::Acquire);
+        let v = self.db.root.version();
         if v != self.version {
             self.refresh(v);
         }
@@ -94,7 +94,7 @@ impl Reader {
 
     #[inline(never)]
     fn refresh(&mut self, v: u64) {
-        let cur = self.db.root.roots.load_full();
+        let cur = self.db.root.load_full();
         self.version = v;
         if !SharedRoots::ptr_eq(&cur, &self.txn.roots) {
             let old = std::mem::replace(&mut self.txn.roots, cur);
@@ -237,12 +237,12 @@ impl WriteTxn {
             // The table's root as its lock froze it: from the snapshot if
             // one is loaded, else from the published roots (held only
             // while the write state takes its own references).
-            let published;
+            let writer;
             let roots: &Roots = match self.base.get() {
                 Some(b) => b,
                 None => {
-                    published = self.db.root.roots.load();
-                    &published
+                    writer = self.db.root.write();
+                    writer.current()
                 }
             };
             let root = root_of::<T>(self.db.uid, roots, self.locked[i].meta())?;
@@ -354,7 +354,7 @@ impl TxnRead for WriteTxn {
                 }
             }
         }
-        let base = self.base.get_or_init(|| self.db.root.roots.load_full());
+        let base = self.base.get_or_init(|| self.db.root.load_full());
         root_of(self.db.uid, base, meta).map(View::Root)
     }
 }
