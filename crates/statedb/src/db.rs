@@ -627,8 +627,9 @@ fn new_roots(fill: impl FnOnce(&mut Roots)) -> SharedRoots {
 fn recycle(old: SharedRoots) {
     // `try_unique` loads the count with Acquire: the readers' releases
     // (Release decrements) happen before the contents are dropped. The
-    // swap that superseded it paid arc-swap's debts, so no reader can
-    // still be between its load and its increment.
+    // swap that superseded it paid the readers' slots that held it
+    // (`publish.rs`), so no reader can still be between its load and its
+    // increment.
     if let Ok(mut u) = triomphe::Arc::try_unique(old) {
         *u = Roots::default();
         // Dropped with the closure if the spare is gone (see `new_roots`).

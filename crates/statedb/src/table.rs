@@ -674,15 +674,18 @@ fn stored<'b>(
 }
 
 impl<T: Storable> TableTxn<T> {
-    /// The table's write state on `root`, in its own allocation. The
-    /// revision index is opened if the table has one, built if a consumer
-    /// or a reader wants one (`wanted`), else left out.
+    /// The table's write state on `root`, in its own allocation, and
+    /// whether it still has to build a revision index
+    /// ([`TableTxn::ensure_revisions`], left to the caller, which holds
+    /// the commit lock here). The revision index is opened if the table
+    /// has one, to be built if a consumer or a reader wants one (`wanted`),
+    /// else left out.
     pub(crate) fn new_boxed(
         root: &TableRoot<T>,
         ws: &mut WriterState,
         layout: KeyLayout,
         wanted: bool,
-    ) -> Box<Self> {
+    ) -> (Box<Self>, bool) {
         let track_deletes = ws.has_trackers();
         ws.keys
             .new_keys
@@ -707,12 +710,9 @@ impl<T: Storable> TableTxn<T> {
         for t in root.indexes.iter() {
             b.indexes.push(TreeTxn::Open(t.txn()));
         }
-        b.revisions = match &root.revisions {
-            Some(t) => Some(TreeTxn::Open(t.txn())),
-            None if wanted || track_deletes => Some(build_revisions(root.indexes[0].iter())),
-            None => None,
-        };
-        b
+        b.revisions = root.revisions.as_ref().map(|t| TreeTxn::Open(t.txn()));
+        let build = b.revisions.is_none() && (wanted || track_deletes);
+        (b, build)
     }
 
     /// The initialization tree's transaction, opened on first use.

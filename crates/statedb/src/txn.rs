@@ -235,21 +235,27 @@ impl WriteTxn {
     fn ensure_state<T: Storable>(&mut self, i: usize) -> Result<()> {
         if self.locked[i].state.is_none() {
             // The table's root as its lock froze it: from the snapshot if
-            // one is loaded, else from the published roots (held only
-            // while the write state takes its own references).
-            let writer;
+            // one is loaded, else from the published roots, read with a
+            // plain load under the commit lock (the root cell's writer),
+            // held only while the write state takes its own references
+            // (design.md, "The published root").
+            let mut writer = None;
             let roots: &Roots = match self.base.get() {
                 Some(b) => b,
-                None => {
-                    writer = self.db.root.write();
-                    writer.current()
-                }
+                None => writer.insert(self.db.root.write()).current(),
             };
             let root = root_of::<T>(self.db.uid, roots, self.locked[i].meta())?;
             let l = &mut self.locked[i];
             let wanted = l.meta().revisions_wanted.load(Ordering::Relaxed);
             let layout = l.meta().layout;
-            l.state = Some(TableTxn::<T>::new_boxed(root, &mut l.guard, layout, wanted));
+            let (mut state, build) = TableTxn::<T>::new_boxed(root, &mut l.guard, layout, wanted);
+            drop(writer);
+            // A revision index built from the whole table: not under the
+            // lock every commit takes.
+            if build {
+                state.ensure_revisions();
+            }
+            l.state = Some(state);
         }
         Ok(())
     }
