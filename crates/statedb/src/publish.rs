@@ -6,8 +6,8 @@
 //! generic machinery (a pre-paid reference taken and given back, a writer
 //! reservation per node, a helping slot), and the writer's own loads took
 //! two locked instructions each. Here the writer reads the current value
-//! under its lock with a plain load, and its swap is one exchange and a
-//! scan of the readers' slots.
+//! under its lock with a plain load, and its swap is a store, a fence and
+//! a scan of the readers' slots.
 //!
 //! The protocol is arc-swap's debts, kept to what this cell needs. Each
 //! thread owns a *slot* (in a global list of chunks, never freed; a
@@ -19,11 +19,12 @@
 //! 3. else takes a reference on `p` and clears the slot with a
 //!    compare-and-swap from `p`.
 //!
-//! A writer stores the new pointer, and after a `SeqCst` fence, for every slot that
-//! holds its old pointer and its cell's address takes a reference *for*
-//! the reader and marks the slot `PAID` (a compare-and-swap from the old
-//! pointer; on failure the reader got there first and the reference is
-//! given back). Only then does it let go of its own reference.
+//! A writer stores the new pointer and, after a `SeqCst` fence, for every
+//! slot that holds its old pointer and its cell's address takes a
+//! reference *for* the reader and marks the slot `PAID` (a
+//! compare-and-swap from the old pointer; on failure the reader got there
+//! first and the reference is given back). Only then does it let go of
+//! its own reference.
 //!
 //! Why it is safe: the two fences are ordered one way or the other. If
 //! the writer's comes first, the reader's second load (after its fence)
@@ -39,8 +40,10 @@
 //! writer of another cell from paying for an address its own old pointer
 //! happens to share with a stale slot (a freed and reused allocation); it
 //! is written before the pointer, so a writer that sees the pointer sees
-//! the address written with it or a later one, and a later one means this
-//! protection has ended.
+//! the address written with it or a later one; a later one means this
+//! protection has ended (and if it names the same cell, the
+//! compare-and-swap pays only a slot that still holds the old pointer,
+//! which is then a protection of that same, live value).
 //!
 //! Readers are lock-free (a reader starts over only when a writer
 //! published meanwhile); the writer never waits for a reader.
@@ -251,7 +254,8 @@ unsafe fn clone_raw<T>(p: *const T) -> Arc<T> {
 pub(crate) struct RootCell<T> {
     /// From `Arc::into_raw`; the cell owns that reference.
     ptr: AtomicPtr<T>,
-    /// Bumped after every swap (see [`RootCell::version`]).
+    /// Bumped after every swap (see [`RootCell::version`]). `std`'s even
+    /// under loom: the models do not follow it.
     version: StdAtomicU64,
     /// Held by the one writer.
     lock: CacheLine<Mutex<()>>,
