@@ -110,20 +110,6 @@ struct Slots {
 }
 
 impl Slots {
-    #[cfg(not(loom))]
-    const fn new() -> Self {
-        Slots {
-            head: AtomicPtr::new(null_mut()),
-        }
-    }
-
-    #[cfg(loom)]
-    fn new() -> Self {
-        Slots {
-            head: AtomicPtr::new(null_mut()),
-        }
-    }
-
     /// Each slot handed out so far.
     #[inline]
     fn each(&self, mut f: impl FnMut(&'static Slot)) {
@@ -191,11 +177,16 @@ impl Slots {
 }
 
 #[cfg(not(loom))]
-static SLOTS: Slots = Slots::new();
+static SLOTS: Slots = Slots {
+    head: AtomicPtr::new(null_mut()),
+};
 
+// Loom's atomics are not `const`-constructible.
 #[cfg(loom)]
 loom::lazy_static! {
-    static ref SLOTS: Slots = Slots::new();
+    static ref SLOTS: Slots = Slots {
+        head: AtomicPtr::new(null_mut()),
+    };
 }
 
 /// This thread's slot, given back when the thread exits.
@@ -445,11 +436,6 @@ mod tests {
         }
         assert_eq!(Arc::count(&cell.load_full()), 2);
     }
-}
-
-#[cfg(all(test, not(loom)))]
-mod many_threads {
-    use super::*;
 
     /// More live reader threads than a chunk has slots, twice over (the
     /// second wave reuses the slots the first gave back), against a writer.

@@ -674,18 +674,15 @@ fn stored<'b>(
 }
 
 impl<T: Storable> TableTxn<T> {
-    /// The table's write state on `root`, in its own allocation, and
-    /// whether it still has to build a revision index
-    /// ([`TableTxn::ensure_revisions`], left to the caller, which holds
-    /// the commit lock here). The revision index is opened if the table
-    /// has one, to be built if a consumer or a reader wants one (`wanted`),
-    /// else left out.
+    /// The table's write state on `root`, in its own allocation. The
+    /// revision index is opened if the table has one; one that a consumer
+    /// or a reader wants is built by [`TableTxn::ensure_revisions`], left
+    /// to the caller (which holds the commit lock here).
     pub(crate) fn new_boxed(
         root: &TableRoot<T>,
         ws: &mut WriterState,
         layout: KeyLayout,
-        wanted: bool,
-    ) -> (Box<Self>, bool) {
+    ) -> Box<Self> {
         let track_deletes = ws.has_trackers();
         ws.keys
             .new_keys
@@ -711,8 +708,7 @@ impl<T: Storable> TableTxn<T> {
             b.indexes.push(TreeTxn::Open(t.txn()));
         }
         b.revisions = root.revisions.as_ref().map(|t| TreeTxn::Open(t.txn()));
-        let build = b.revisions.is_none() && (wanted || track_deletes);
-        (b, build)
+        b
     }
 
     /// The initialization tree's transaction, opened on first use.

@@ -249,11 +249,11 @@ impl WriteTxn {
             let l = &mut self.locked[i];
             let wanted = l.meta().revisions_wanted.load(Ordering::Relaxed);
             let layout = l.meta().layout;
-            let (mut state, build) = TableTxn::<T>::new_boxed(root, &mut l.guard, layout, wanted);
+            let mut state = TableTxn::<T>::new_boxed(root, &mut l.guard, layout);
             drop(writer);
-            // A revision index built from the whole table: not under the
-            // lock every commit takes.
-            if build {
+            // A wanted revision index the table lacks is built from the
+            // whole table: not under the lock every commit takes.
+            if wanted || state.track_deletes {
                 state.ensure_revisions();
             }
             l.state = Some(state);
