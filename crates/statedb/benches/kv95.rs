@@ -5,8 +5,9 @@
 //! busy the table's write lock was (its waits and holds from `Db::stats`).
 //!
 //! `cargo bench -p statedb --bench kv95 [-- SECONDS [PAIRS]]`: PAIRS runs of
-//! 1 then 2 threads, SECONDS each, and the median scaling (this host's
-//! speed drifts between runs seconds apart, so one pair says little).
+//! 1 then 2 threads, SECONDS each, and the median scaling with a bootstrap
+//! interval (this host's speed drifts between runs seconds apart, so one
+//! pair says little: `-- 0.3 30` gives a narrower interval than `-- 3 3`).
 //! (`STATEDB_BENCH_LAYOUT=nibbles` for a nibble-layout table)
 //!
 //! Two diagnostics of what the threads share: `STATEDB_BENCH_PRIVATE=1`
@@ -297,10 +298,33 @@ fn main() {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
+        let (lo, hi) = median_interval(&wall);
         println!(
             "KV95 scaling, median of {pairs} alternating pairs: {:.2}x wall, {:.2}x per CPU-second",
-            median(&mut wall),
+            median(&mut wall.clone()),
             median(&mut cpu)
         );
+        // This VM's speed drifts within seconds, so single pairs scatter
+        // widely: many short pairs and this interval say more than a few
+        // long ones.
+        println!(
+            "KV95 scaling, 95% bootstrap interval of that median (wall): {lo:.2}x to {hi:.2}x"
+        );
     }
+}
+
+/// The 2.5th and 97.5th percentiles of the median of `v` over 2000
+/// resamples with replacement (fixed seed: the same pairs give the same
+/// interval).
+fn median_interval(v: &[f64]) -> (f64, f64) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let mut medians: Vec<f64> = (0..2000)
+        .map(|_| {
+            let mut s: Vec<f64> = (0..v.len()).map(|_| v[rng.gen_range(0..v.len())]).collect();
+            s.sort_by(f64::total_cmp);
+            s[s.len() / 2]
+        })
+        .collect();
+    medians.sort_by(f64::total_cmp);
+    (medians[50], medians[1949])
 }
