@@ -294,23 +294,22 @@ fn main() {
         cpu.push(two_cpu / one_cpu);
     }
     if pairs > 1 {
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
         let (lo, hi) = median_interval(&wall);
         println!(
             "KV95 scaling, median of {pairs} alternating pairs: {:.2}x wall, {:.2}x per CPU-second",
-            median(&mut wall.clone()),
+            median(&mut wall),
             median(&mut cpu)
         );
-        // This VM's speed drifts within seconds, so single pairs scatter
-        // widely: many short pairs and this interval say more than a few
-        // long ones.
         println!(
             "KV95 scaling, 95% bootstrap interval of that median (wall): {lo:.2}x to {hi:.2}x"
         );
     }
+}
+
+/// The upper median (sorts `v`).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
 }
 
 /// The 2.5th and 97.5th percentiles of the median of `v` over 2000
@@ -321,8 +320,7 @@ fn median_interval(v: &[f64]) -> (f64, f64) {
     let mut medians: Vec<f64> = (0..2000)
         .map(|_| {
             let mut s: Vec<f64> = (0..v.len()).map(|_| v[rng.gen_range(0..v.len())]).collect();
-            s.sort_by(f64::total_cmp);
-            s[s.len() / 2]
+            median(&mut s)
         })
         .collect();
     medians.sort_by(f64::total_cmp);
