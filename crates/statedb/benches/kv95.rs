@@ -19,6 +19,14 @@
 //! has every thread read one snapshot taken before the clock starts (never
 //! a version the other thread wrote: what following new versions costs).
 //! `STATEDB_BENCH_ONLY=N` runs N threads alone, for a profiler.
+//!
+//! Two more for the protocol itself: `STATEDB_BENCH_WARM=N` runs N random
+//! single-row write transactions (in transactions of
+//! `STATEDB_BENCH_WARM_BATCH` rows, default 1) on each freshly filled
+//! table before the clock starts, so that both runs of a pair measure a
+//! table in the state random writes leave it in (a two-thread run writes
+//! twice as much in its time); `STATEDB_BENCH_TRACE=1` prints the first
+//! thread's rate in every 0.1 s of each run.
 
 mod common;
 
@@ -43,6 +51,7 @@ const OBJECTS: u64 = 100_000;
 fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
     let b = Arc::new(new_db_layout(false, env_layout()));
     fill(&b, OBJECTS);
+    warm(&b);
     let before = lock_figures(&b);
     let t_run = Instant::now();
     let barrier = Arc::new(Barrier::new(threads));
@@ -51,6 +60,7 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
     let private = std::env::var_os("STATEDB_BENCH_PRIVATE").is_some();
     let elsewhere = std::env::var_os("STATEDB_BENCH_WRITE_ELSEWHERE").is_some();
     let stale = std::env::var_os("STATEDB_BENCH_STALE").is_some();
+    let trace = std::env::var_os("STATEDB_BENCH_TRACE").is_some();
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let (shared, barrier) = (b.clone(), barrier.clone());
@@ -86,6 +96,10 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                 let mut t0 = start;
                 // (time, count) of write transactions; the rest are reads.
                 let mut writes = (0u64, 0u64);
+                // STATEDB_BENCH_TRACE: ops done at every 0.1 s, printed
+                // by thread 0 (does the rate drift within a run?).
+                let mut next_mark = start;
+                let mut marks: Vec<u64> = Vec::with_capacity(1024);
                 loop {
                     let id = rng.gen_range(0..OBJECTS);
                     let write = rng.gen_ratio(write_pct, 100);
@@ -109,7 +123,17 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                         writes.1 += 1;
                     }
                     t0 = t1;
+                    if ops.is_multiple_of(256) && trace && t1 >= next_mark {
+                        marks.push(ops);
+                        next_mark += Duration::from_millis(100);
+                    }
                     if ops.is_multiple_of(256) && t1 >= end {
+                        if trace && t == 0 {
+                            let rates: Vec<String> = (marks.windows(2))
+                                .map(|w| format!("{:.2}", (w[1] - w[0]) as f64 / 1e5))
+                                .collect();
+                            println!("  thread 0, M ops/s per 0.1 s: {}", rates.join(" "));
+                        }
                         let cpu = Duration::from_nanos(thread_cpu_ns() - cpu0);
                         return (ops, t1 - start, cpu, lat, writes);
                     }
@@ -246,6 +270,29 @@ fn lock_figures(b: &Bench) -> (u64, Duration, u64, Duration) {
             (w.count, w.total, h.timed, h.total)
         })
         .unwrap_or_default()
+}
+
+/// `STATEDB_BENCH_WARM=N`: N random single-row write transactions on the
+/// filled table before the clock starts.
+fn warm(b: &Bench) {
+    let n: u64 = std::env::var("STATEDB_BENCH_WARM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let batch: u64 = std::env::var("STATEDB_BENCH_WARM_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(u64::MAX);
+    for _ in 0..n / batch {
+        let mut w = b.db.write_txn(&[&b.table]).unwrap();
+        for _ in 0..batch {
+            b.table
+                .insert(&mut w, obj(rng.gen_range(0..OBJECTS)))
+                .unwrap();
+        }
+        w.commit().unwrap();
+    }
 }
 
 /// `STATEDB_BENCH_WRITE_PCT` (default 5): the share of write transactions.
