@@ -88,6 +88,7 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                 // run (page faults and a copy on each doubling, both
                 // threads at once).
                 let mut lat = Hist::new();
+                let mut marks: Vec<u64> = Vec::with_capacity(if trace { 1024 } else { 0 });
                 barrier.wait();
                 let cpu0 = thread_cpu_ns();
                 let start = Instant::now();
@@ -99,7 +100,6 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                 // STATEDB_BENCH_TRACE: ops done at every 0.1 s, printed
                 // by thread 0 (does the rate drift within a run?).
                 let mut next_mark = start;
-                let mut marks: Vec<u64> = Vec::with_capacity(1024);
                 loop {
                     let id = rng.gen_range(0..OBJECTS);
                     let write = rng.gen_ratio(write_pct, 100);
@@ -123,19 +123,21 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                         writes.1 += 1;
                     }
                     t0 = t1;
-                    if ops.is_multiple_of(256) && trace && t1 >= next_mark {
-                        marks.push(ops);
-                        next_mark += Duration::from_millis(100);
-                    }
-                    if ops.is_multiple_of(256) && t1 >= end {
-                        if trace && t == 0 {
-                            let rates: Vec<String> = (marks.windows(2))
-                                .map(|w| format!("{:.2}", (w[1] - w[0]) as f64 / 1e5))
-                                .collect();
-                            println!("  thread 0, M ops/s per 0.1 s: {}", rates.join(" "));
+                    if ops.is_multiple_of(256) {
+                        if trace && t1 >= next_mark {
+                            marks.push(ops);
+                            next_mark += Duration::from_millis(100);
                         }
-                        let cpu = Duration::from_nanos(thread_cpu_ns() - cpu0);
-                        return (ops, t1 - start, cpu, lat, writes);
+                        if t1 >= end {
+                            if trace && t == 0 {
+                                let rates: Vec<String> = (marks.windows(2))
+                                    .map(|w| format!("{:.2}", (w[1] - w[0]) as f64 / 1e5))
+                                    .collect();
+                                println!("  thread 0, M ops/s per 0.1 s: {}", rates.join(" "));
+                            }
+                            let cpu = Duration::from_nanos(thread_cpu_ns() - cpu0);
+                            return (ops, t1 - start, cpu, lat, writes);
+                        }
                     }
                 }
             })
@@ -272,16 +274,13 @@ fn lock_figures(b: &Bench) -> (u64, Duration, u64, Duration) {
         .unwrap_or_default()
 }
 
-/// `STATEDB_BENCH_WARM=N`: N random single-row write transactions on the
-/// filled table before the clock starts.
+/// `STATEDB_BENCH_WARM=N`: N random writes on the filled table, in
+/// transactions of `STATEDB_BENCH_WARM_BATCH` rows (default 1), before
+/// the clock starts.
 fn warm(b: &Bench) {
-    let n: u64 = std::env::var("STATEDB_BENCH_WARM")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let batch: u64 = std::env::var("STATEDB_BENCH_WARM_BATCH")
-        .ok()
-        .and_then(|v| v.parse().ok())
+    let n: u64 = env_num("STATEDB_BENCH_WARM").unwrap_or(0);
+    let batch: u64 = env_num("STATEDB_BENCH_WARM_BATCH")
+        .filter(|&b| b > 0)
         .unwrap_or(1);
     let mut rng = rand::rngs::StdRng::seed_from_u64(u64::MAX);
     for _ in 0..n / batch {
@@ -295,11 +294,14 @@ fn warm(b: &Bench) {
     }
 }
 
+/// The environment variable `name` as a number, if set and well formed.
+fn env_num<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok()?.parse().ok()
+}
+
 /// `STATEDB_BENCH_WRITE_PCT` (default 5): the share of write transactions.
 fn write_pct() -> u32 {
-    std::env::var("STATEDB_BENCH_WRITE_PCT")
-        .ok()
-        .and_then(|v| v.parse().ok())
+    env_num("STATEDB_BENCH_WRITE_PCT")
         .filter(|&p| p <= 100)
         .unwrap_or(5)
 }
@@ -314,10 +316,7 @@ fn main() {
     println!("KV95 key layout: {:?}", env_layout());
     let mut wall = Vec::new();
     let mut cpu = Vec::new();
-    let only: Option<usize> = std::env::var("STATEDB_BENCH_ONLY")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&n| n > 0);
+    let only: Option<usize> = env_num("STATEDB_BENCH_ONLY").filter(|&n| n > 0);
     for pair in 1..=pairs {
         if let Some(n) = only {
             let (x, _, p50, p99) = run(n, secs);
