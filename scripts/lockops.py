@@ -83,13 +83,14 @@ def self_costs(profile, binary):
             if c not in "0123456789+-*":
                 continue
             parts = line.split()
-            if len(parts) < 3:
+            if len(parts) < 2:
                 continue
+            # Positions update even on a line without a cost.
             last[0], last[1] = pos(parts[0], 0), pos(parts[1], 1)
             if skip:
                 skip = False
                 continue
-            if ours:
+            if ours and len(parts) > 2:
                 counts[last[0]] += int(parts[-1])
     return counts
 
