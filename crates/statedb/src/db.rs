@@ -779,6 +779,16 @@ impl DbInner {
             (db.root.load_full(), None)
         } else {
             let mut w = db.root.write();
+            for (i, f) in done.iter() {
+                if let Some(r) = &f.root {
+                    // SAFETY: published below, before the table's lock
+                    // is released.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        locked[*i].guard.published.set(r)
+                    };
+                }
+            }
             // `locked` is in table-id order, and so is `done`.
             let new =
                 (done.iter_mut()).filter_map(|(i, f)| Some((locked[*i].meta().id, f.root.take()?)));
@@ -877,7 +887,13 @@ impl<T: Storable> TableOps for TableInner<T> {
         new_root.rare = Some(Arc::new(rare.replaced(Some(graveyard), None, None)));
         // Under the lock, as commits store theirs.
         self.meta.metrics.set_graveyard_len(left);
-        db.publish_one(id, Arc::new(new_root));
+        let new_root: AnyRoot = Arc::new(new_root);
+        // SAFETY: published next, under the table's lock (`guard`).
+        #[allow(unsafe_code)]
+        unsafe {
+            guard.published.set(&new_root)
+        };
+        db.publish_one(id, new_root);
         self.meta.metrics.graveyard_size(left);
         drop(guard);
         drop(notifier);

@@ -18,6 +18,7 @@ use crate::key::{expand, expand_escaped, rev_key, Key, KeyLayout};
 use crate::line::CacheLine;
 use crate::metrics::TableMetrics;
 use crate::object::Object;
+use crate::publish::PublishedRoot;
 use crate::txn::{ReadTxn, TxnRead, WriteTxn};
 use crate::{Error, Result, Revision};
 
@@ -57,6 +58,9 @@ pub struct WriterState {
     /// lock, rather than in the transaction's entry for the table: 16
     /// bytes less to move with every write transaction.
     pub(crate) acquired: Option<Instant>,
+    /// The table's root as last published, found by a write transaction's
+    /// first write without the commit lock.
+    pub(crate) published: PublishedRoot,
 }
 
 /// The key-encoding buffers of a table's write transaction.
@@ -98,6 +102,7 @@ impl WriterState {
             keys: KeyScratch::default(),
             untimed: 0,
             acquired: None,
+            published: PublishedRoot::default(),
         }
     }
 
@@ -678,14 +683,15 @@ impl<T: Storable> TableTxn<T> {
     /// revision index is opened if the table has one; one that a consumer
     /// or a reader wants is built by [`TableTxn::ensure_revisions`], left
     /// to the caller (which holds the commit lock here).
+    /// `keys`: the table's key buffers; `track_deletes`: whether some
+    /// change consumer is alive ([`WriterState::has_trackers`]).
     pub(crate) fn new_boxed(
         root: &TableRoot<T>,
-        ws: &mut WriterState,
+        keys: &mut KeyScratch,
+        track_deletes: bool,
         layout: KeyLayout,
     ) -> Box<Self> {
-        let track_deletes = ws.has_trackers();
-        ws.keys
-            .new_keys
+        keys.new_keys
             .resize_with(root.indexes.len(), KeyBuf::default);
         // Written into the allocation, the trees' transactions pushed in
         // place: assembled on the stack and boxed, the state (456 bytes)

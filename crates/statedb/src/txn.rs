@@ -234,30 +234,48 @@ impl WriteTxn {
 
     /// Creates the write state of `locked[i]` if this is its first write.
     fn ensure_state<T: Storable>(&mut self, i: usize) -> Result<()> {
-        if self.locked[i].state.is_none() {
-            // The table's root as its lock froze it: from the snapshot if
-            // one is loaded, else from the published roots, read with a
-            // plain load under the commit lock (the root cell's writer),
-            // held only while the write state takes its own references
-            // (design.md, "The published root").
-            let mut writer = None;
-            let roots: &Roots = match self.base.get() {
-                Some(b) => b,
-                None => writer.insert(self.db.root.write()).current(),
-            };
-            let root = root_of::<T>(self.db.uid, roots, self.locked[i].meta())?;
-            let l = &mut self.locked[i];
-            let wanted = l.meta().revisions_wanted.load(Ordering::Relaxed);
-            let layout = l.meta().layout;
-            let mut state = TableTxn::<T>::new_boxed(root, &mut l.guard, layout);
-            drop(writer);
-            // A wanted revision index the table lacks is built from the
-            // whole table: not under the lock every commit takes.
-            if wanted || state.track_deletes {
-                state.ensure_revisions();
-            }
-            l.state = Some(state);
+        if self.locked[i].state.is_some() {
+            return Ok(());
         }
+        // The table's root as its lock froze it: from the snapshot if one
+        // is loaded, else as the last publication recorded it under the
+        // lock we hold (design.md, "The published root").
+        let db = &self.db;
+        let ws = &mut *self.locked[i].guard;
+        if self.base.get().is_none() && ws.published.get().is_none() {
+            // None recorded yet (the table's first write transaction): read
+            // with a plain load under the commit lock, the root cell's
+            // writer.
+            let w = db.root.write();
+            if let Some(r) = w.current().get(ws.meta.id) {
+                // SAFETY: `r` is the table's published root and we hold
+                // the table's lock.
+                #[allow(unsafe_code)]
+                unsafe {
+                    ws.published.set(r)
+                };
+            }
+        }
+        let track_deletes = ws.has_trackers();
+        let WriterState {
+            meta,
+            published,
+            keys,
+            ..
+        } = ws;
+        let root = match self.base.get() {
+            Some(b) => root_of::<T>(db.uid, b, meta)?,
+            None => (published.get())
+                .and_then(|r| r.downcast_ref::<TableRoot<T>>())
+                .ok_or_else(|| Error::TableNotInSnapshot(meta.name.clone()))?,
+        };
+        let mut state = TableTxn::<T>::new_boxed(root, keys, track_deletes, meta.layout);
+        // A wanted revision index the table lacks is built from the whole
+        // table: not under the lock every commit takes.
+        if meta.revisions_wanted.load(Ordering::Relaxed) || state.track_deletes {
+            state.ensure_revisions();
+        }
+        self.locked[i].state = Some(state);
         Ok(())
     }
 

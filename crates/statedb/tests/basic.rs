@@ -508,6 +508,44 @@ fn collect_garbage_sees_a_commit_made_on_another_thread() {
     }
 }
 
+/// A write transaction starts from the table's root as last published
+/// under its lock, whoever published it: here the collector (a stale
+/// root would bring the collected delete back into the graveyard), with
+/// another table's commits replacing the root vector in between.
+#[test]
+fn a_write_after_collection_starts_from_the_collected_root() {
+    let db = db_no_gc();
+    let f = table_in(&db, "objs");
+    let other = table_in(&db, "other");
+    let t = &f.table;
+    let mut w = db.write_txn(&[t]).unwrap();
+    let mut ch = t.changes(&mut w).unwrap();
+    t.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
+    t.insert(&mut w, obj(2, "b", &[], 0)).unwrap();
+    let r = w.commit().unwrap();
+    // Seen: the consumer then needs the delete kept.
+    ch.next(&r).unwrap();
+    for round in 0..3u32 {
+        let mut w = db.write_txn(&[t]).unwrap();
+        assert!(t.delete_key(&mut w, &1u32).unwrap().is_some());
+        let r = w.commit().unwrap();
+        assert_eq!(t.graveyard_len(&r).unwrap(), 1);
+        ch.next(&r).unwrap();
+        insert_committed(&db, &other.table, obj(round, &format!("o{round}"), &[], 0));
+        assert_eq!(db.collect_garbage(), 1, "round {round}");
+        insert_committed(
+            &db,
+            &other.table,
+            obj(round + 10, &format!("p{round}"), &[], 0),
+        );
+        let r = insert_committed(&db, t, obj(1, "a", &[], 0));
+        assert_eq!(t.graveyard_len(&r).unwrap(), 0, "round {round}");
+        assert_eq!(t.len(&r).unwrap(), 2);
+        assert_eq!(other.table.len(&r).unwrap(), 2 * (round as usize + 1));
+        ch.next(&r).unwrap();
+    }
+}
+
 /// Collection publishes a new root for the collected table only: here the
 /// database's second table, between two others that keep theirs.
 #[test]
