@@ -8,7 +8,7 @@ use std::sync::{Arc, Weak};
 use std::thread::Thread;
 use std::time::Duration;
 
-use parking_lot::{ArcMutexGuard, Mutex, RawMutex, RwLock};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use quanta::Instant;
 use smallvec::SmallVec;
 use triomphe::UniqueArc;
@@ -466,8 +466,8 @@ impl Db {
     /// ignored: deadlock-free whatever the order). Blocks while another
     /// write transaction holds one of them. Do not open a second write
     /// transaction on a table from the thread already holding one.
-    pub fn write_txn(&self, tables: &[&dyn AnyTable]) -> Result<WriteTxn> {
-        let mut metas: SmallVec<[&dyn AnyTable; 4]> = SmallVec::new();
+    pub fn write_txn<'a>(&'a self, tables: &[&'a dyn AnyTable]) -> Result<WriteTxn<'a>> {
+        let mut metas: SmallVec<[&'a dyn AnyTable; 4]> = SmallVec::new();
         for &t in tables {
             let m = t.meta();
             if m.db_uid != self.inner.uid {
@@ -487,7 +487,7 @@ impl Db {
             // Uncontended: no clock read for the wait. The hold's start is
             // read only when this hold is timed.
             let one_in = self.inner.time_one_in;
-            let guard = match lock.try_lock_arc() {
+            let guard = match lock.try_lock() {
                 Some(mut g) => {
                     m.metrics.lock_waited(Duration::ZERO);
                     g.begin_hold(one_in, Instant::now);
@@ -505,7 +505,7 @@ impl Db {
             locked.push(Locked { guard, state: None });
         }
         Ok(WriteTxn {
-            db: self.inner.clone(),
+            db: &self.inner,
             base: OnceCell::new(),
             locked,
             done: false,
@@ -556,23 +556,20 @@ impl Db {
 /// cost a futex call each and, on a virtual machine, an interprocessor
 /// interrupt (several µs) while a single-row transaction holds the lock for
 /// 1–2 µs; parking_lot's own spin gives up after a few dozen `pause`s.
-fn lock_spinning(
-    lock: &Arc<Mutex<WriterState>>,
-    since: Instant,
-) -> ArcMutexGuard<RawMutex, WriterState> {
+fn lock_spinning(lock: &Mutex<WriterState>, since: Instant) -> MutexGuard<'_, WriterState> {
     let mut spins = 0u32;
     loop {
         // Read-only until it looks free, so spinning does not take the
         // holder's cache line away from it.
         if !lock.is_locked() {
-            if let Some(g) = lock.try_lock_arc() {
+            if let Some(g) = lock.try_lock() {
                 return g;
             }
         }
         std::hint::spin_loop();
         spins += 1;
         if spins.is_multiple_of(32) && Instant::now() - since >= LOCK_SPIN {
-            return lock.lock_arc();
+            return lock.lock();
         }
     }
 }
@@ -764,7 +761,7 @@ impl DbInner {
     /// Commits the written tables of a write transaction: builds their new
     /// roots, swaps the root vector in under the commit lock, releases the
     /// table locks, then fires the watches.
-    pub(crate) fn commit(db: &Arc<DbInner>, locked: &mut SmallVec<[Locked; 4]>) -> SharedRoots {
+    pub(crate) fn commit(db: &DbInner, locked: &mut SmallVec<[Locked<'_>; 4]>) -> SharedRoots {
         // Clock reads only for a timed hold (see `DbOptions::time_one_in`).
         let start = (locked.iter())
             .any(|l| l.guard.acquired.is_some() && l.state.is_some())

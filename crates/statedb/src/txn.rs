@@ -10,7 +10,7 @@ use std::cell::OnceCell;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use parking_lot::{ArcMutexGuard, RawMutex};
+use parking_lot::MutexGuard;
 use quanta::Instant;
 use smallvec::SmallVec;
 
@@ -121,15 +121,15 @@ impl TxnRead for ReadTxn {
 }
 
 /// One table locked by a write transaction.
-pub(crate) struct Locked {
+pub(crate) struct Locked<'a> {
     /// Also holds when the lock was taken, if this hold is timed
     /// ([`WriterState::acquired`]).
-    pub(crate) guard: ArcMutexGuard<RawMutex, WriterState>,
+    pub(crate) guard: MutexGuard<'a, WriterState>,
     /// Created on the table's first write.
     pub(crate) state: Option<Box<dyn TableTxnDyn>>,
 }
 
-impl Locked {
+impl Locked<'_> {
     /// The table's metadata (through the guard; see [`WriterState::meta`]).
     #[inline]
     pub(crate) fn meta(&self) -> &TableMeta {
@@ -146,7 +146,7 @@ impl Locked {
 
 /// The clock, read only if some hold in `locked` is timed (see
 /// [`crate::DbOptions::time_one_in`]).
-pub(crate) fn now_if_timed(locked: &[Locked]) -> Option<Instant> {
+pub(crate) fn now_if_timed(locked: &[Locked<'_>]) -> Option<Instant> {
     locked
         .iter()
         .any(|l| l.guard.acquired.is_some())
@@ -158,8 +158,11 @@ pub(crate) fn now_if_timed(locked: &[Locked]) -> Option<Instant> {
 /// Writes are visible to the transaction itself at once and to everyone else
 /// after [`WriteTxn::commit`], atomically across its tables. Dropping it
 /// uncommitted (a panic included) aborts: nothing changes.
-pub struct WriteTxn {
-    pub(crate) db: Arc<DbInner>,
+pub struct WriteTxn<'db> {
+    /// Borrowed, as are the tables' locks: a transaction takes no
+    /// reference count of its own (four locked instructions per
+    /// transaction when it held the database and each lock by `Arc`).
+    pub(crate) db: &'db DbInner,
     /// The snapshot reads of tables this transaction has not written go
     /// to, loaded on the first such read: the tables it locked cannot
     /// change before it commits, so a later load reads them as they were
@@ -169,13 +172,13 @@ pub struct WriteTxn {
     /// it was an `ArcSwap` load, 2026-12-03).
     pub(crate) base: OnceCell<SharedRoots>,
     /// Sorted by table id, no repetitions.
-    pub(crate) locked: SmallVec<[Locked; 4]>,
+    pub(crate) locked: SmallVec<[Locked<'db>; 4]>,
     pub(crate) done: bool,
     /// A write was interrupted by a panic: only abort is allowed.
     pub(crate) poisoned: bool,
 }
 
-impl std::fmt::Debug for WriteTxn {
+impl std::fmt::Debug for WriteTxn<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WriteTxn")
             .field(
@@ -191,7 +194,7 @@ impl std::fmt::Debug for WriteTxn {
     }
 }
 
-impl WriteTxn {
+impl WriteTxn<'_> {
     fn find(&self, meta: &TableMeta) -> Option<usize> {
         self.locked
             .binary_search_by_key(&meta.id, |l| l.meta().id)
@@ -308,7 +311,7 @@ impl WriteTxn {
             return Err(Error::Poisoned);
         }
         self.done = true;
-        let roots = DbInner::commit(&self.db, &mut self.locked);
+        let roots = DbInner::commit(self.db, &mut self.locked);
         // A done transaction answers no reads: the returned snapshot is
         // the commit.
         self.base = OnceCell::new();
@@ -344,10 +347,10 @@ impl WriteTxn {
 
 /// The table's write state and the key buffers it writes with (the table's
 /// own, lent by the lock guard rather than moved in and out of the state).
-fn state_cast<T: Storable>(
-    locked: &mut [Locked],
+fn state_cast<'a, T: Storable>(
+    locked: &'a mut [Locked<'_>],
     i: usize,
-) -> Result<(&mut TableTxn<T>, &mut KeyScratch)> {
+) -> Result<(&'a mut TableTxn<T>, &'a mut KeyScratch)> {
     let Locked { guard, state } = &mut locked[i];
     // The error is built only on failure: it clones the name.
     match state
@@ -359,13 +362,13 @@ fn state_cast<T: Storable>(
     }
 }
 
-impl Drop for WriteTxn {
+impl Drop for WriteTxn<'_> {
     fn drop(&mut self) {
         self.release();
     }
 }
 
-impl TxnRead for WriteTxn {
+impl TxnRead for WriteTxn<'_> {
     fn view<'a, T: Storable>(&'a self, table: &Table<T>) -> Result<View<'a, T>> {
         if self.done {
             return Err(Error::TxnDone);

@@ -806,9 +806,7 @@ fn handles_cross_threads() {
     let f = fixture();
     let mut w = f.db.write_txn(&[&f.table]).unwrap();
     f.table.insert(&mut w, obj(1, "a", &[], 0)).unwrap();
-    let r = std::thread::spawn(move || w.commit().unwrap())
-        .join()
-        .unwrap();
+    let r = std::thread::scope(|s| s.spawn(move || w.commit().unwrap()).join().unwrap());
     assert_eq!(f.table.len(&r).unwrap(), 1);
 }
 

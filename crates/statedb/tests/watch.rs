@@ -18,6 +18,7 @@ fn populated() -> Fixture {
             .unwrap();
     }
     w.commit().unwrap();
+    drop(w);
     f
 }
 

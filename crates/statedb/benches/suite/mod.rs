@@ -149,11 +149,13 @@ fn benches<M: Measurement>(c: &mut Criterion<M>) {
         bn.iter_batched(
             || new_db(false),
             |b| {
-                let mut w = b.db.write_txn(&[&b.table]).unwrap();
-                for id in 0..N {
-                    b.table.insert(&mut w, obj(id)).unwrap();
+                {
+                    let mut w = b.db.write_txn(&[&b.table]).unwrap();
+                    for id in 0..N {
+                        b.table.insert(&mut w, obj(id)).unwrap();
+                    }
+                    w.commit().unwrap();
                 }
-                w.commit().unwrap();
                 b
             },
             BatchSize::SmallInput,
