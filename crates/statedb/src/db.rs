@@ -430,7 +430,7 @@ impl Db {
             empty_rare: Arc::new(crate::table::Rare::empty()),
         });
         {
-            let mut w = self.inner.root.write();
+            let w = self.inner.root.write();
             let roots = new_roots(|r| {
                 w.current().successor_into(r, []);
                 r.push(Arc::new(TableRoot::<T>::new(n)));
@@ -751,7 +751,7 @@ impl DbInner {
     /// Publishes one table's new root (the caller holds its lock).
     pub(crate) fn publish_one(&self, id: usize, root: Arc<dyn Any + Send + Sync>) {
         let old = {
-            let mut w = self.root.write();
+            let w = self.root.write();
             let roots = new_roots(|r| w.current().successor_into(r, [(id, root)]));
             w.swap(roots)
         };
@@ -775,7 +775,7 @@ impl DbInner {
         let (roots, old) = if done.is_empty() {
             (db.root.load_full(), None)
         } else {
-            let mut w = db.root.write();
+            let w = db.root.write();
             for (i, f) in done.iter() {
                 if let Some(r) = &f.root {
                     // SAFETY: published below, before the table's lock
@@ -790,8 +790,10 @@ impl DbInner {
             let new =
                 (done.iter_mut()).filter_map(|(i, f)| Some((locked[*i].meta().id, f.root.take()?)));
             let roots = new_roots(|r| w.current().successor_into(r, new));
-            let old = w.swap(roots.clone());
-            (roots, Some(old))
+            // Settled below, after the locks: paying the readers that may
+            // still be taking the old vector walks every reader's slot.
+            let retired = w.publish(roots.clone());
+            (roots, Some(retired))
         };
         let released = now_if_timed(locked);
         // Figures first, while the locks are held (see `metrics.rs`).
@@ -819,7 +821,7 @@ impl DbInner {
         // are then the notifiers' alone, which fire them without a
         // compare-and-swap each.
         if let Some(old) = old {
-            recycle(old);
+            recycle(old.settle());
         }
         db.free_own();
         // `done` is dropped here, in place (`drop(done)` first moved its

@@ -342,41 +342,92 @@ impl<T> Writer<'_, T> {
     /// The current value, which only this writer can replace.
     #[inline]
     pub(crate) fn current(&self) -> &T {
-        // SAFETY: the pointer changes only by `swap`, which takes `&mut
-        // self`, and the cell's reference keeps it alive until then.
+        // SAFETY: the pointer changes only by `publish`, which takes
+        // `self`, and the cell's reference keeps it alive until then.
         // Relaxed: the last swap was made under the lock we hold.
         unsafe { &*self.cell.ptr.load(Relaxed) }
     }
 
     /// Publishes `new`; returns the old value once no reader can still be
     /// taking it without a reference of its own.
-    pub(crate) fn swap(&mut self, new: Arc<T>) -> Arc<T> {
+    pub(crate) fn swap(self, new: Arc<T>) -> Arc<T> {
+        self.publish(new).settle()
+    }
+
+    /// Publishes `new` and releases the writers' lock. The old value comes
+    /// back through [`Retired::settle`], which pays the readers still
+    /// taking it: a walk of every reader's slot that the lock (and a
+    /// commit's table locks) need not cover. Settling is independent of
+    /// later swaps (each pays only slots holding its own old value, which
+    /// its reference keeps alive and so distinct from any other), so the
+    /// next writer may publish while this one settles.
+    pub(crate) fn publish(self, new: Arc<T>) -> Retired<T> {
         // Relaxed: only writers change the pointer, and we hold their lock.
         let old = self.cell.ptr.load(Relaxed);
         // Release: a reader that loads the new pointer (Acquire) sees the
         // value it points to.
         (self.cell.ptr).store(Arc::into_raw(new).cast_mut(), Release);
-        // The pointer write before the slot loads (module docs).
+        // Release: pairs with `version`'s Acquire; a reader that sees the
+        // new count then loads the new pointer or a newer one. The lock
+        // orders the writers, so a load and a store make the increment.
+        let v = self.cell.version.load(std::sync::atomic::Ordering::Relaxed);
+        (self.cell.version).store(v.wrapping_add(1), std::sync::atomic::Ordering::Release);
+        Retired {
+            old,
+            cell: self.cell.id(),
+        }
+    }
+}
+
+/// A value replaced by [`Writer::publish`], with the cell's reference to
+/// it, not yet safe to let go: [`Retired::settle`] first pays the readers
+/// that may be taking it. Dropping it settles too.
+pub(crate) struct Retired<T> {
+    /// From `Arc::into_raw`: the cell's reference, now ours; null once
+    /// settled.
+    old: *const T,
+    /// The cell's address (see [`Slot`]).
+    cell: usize,
+}
+
+// SAFETY: a reference to an `Arc<T>`'s value, settled (and released) by
+// whichever thread holds this, as an `Arc<T>` is.
+unsafe impl<T: Send + Sync> Send for Retired<T> {}
+
+impl<T> Retired<T> {
+    /// Pays every reader slot that holds the old value and returns it.
+    pub(crate) fn settle(mut self) -> Arc<T> {
+        let old = std::mem::replace(&mut self.old, std::ptr::null());
+        // The pointer write (in `publish`) before the slot loads (module
+        // docs).
         fence(SeqCst);
-        let id = self.cell.id();
+        let id = self.cell;
         SLOTS.each(|slot| {
             // Acquire: the cell address written before the pointer.
-            if slot.ptr.load(Acquire) == old.cast() && slot.cell.load(Relaxed) == id {
+            if slot.ptr.load(Acquire) == old.cast_mut().cast() && slot.cell.load(Relaxed) == id {
                 // SAFETY: `old` is alive: the cell's reference is ours
                 // until this returns.
                 let payment = unsafe { clone_raw(old) };
-                match slot.ptr.compare_exchange(old.cast(), PAID, AcqRel, Relaxed) {
+                match (slot.ptr).compare_exchange(old.cast_mut().cast(), PAID, AcqRel, Relaxed) {
                     Ok(_) => forget(payment),
                     Err(_) => drop(payment),
                 }
             }
         });
-        // Release: pairs with `version`'s Acquire. The lock orders the
-        // writers, so a load and a store make the increment.
-        let v = self.cell.version.load(std::sync::atomic::Ordering::Relaxed);
-        (self.cell.version).store(v.wrapping_add(1), std::sync::atomic::Ordering::Release);
         // SAFETY: the cell's reference to `old`, now ours.
         unsafe { Arc::from_raw(old) }
+    }
+}
+
+impl<T> Drop for Retired<T> {
+    fn drop(&mut self) {
+        if !self.old.is_null() {
+            let r = Retired {
+                old: std::mem::replace(&mut self.old, std::ptr::null()),
+                cell: self.cell,
+            };
+            drop(r.settle());
+        }
     }
 }
 
@@ -429,6 +480,30 @@ impl PublishedRoot {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// The next writer may publish (and settle) before the last one
+    /// settles; each returns its own old value with exact counts, and one
+    /// dropped unsettled settles.
+    #[test]
+    fn a_publish_before_the_last_settles() {
+        let cell = RootCell::new(Arc::new(0u64));
+        let held = cell.load_full();
+        let first = cell.write().publish(Arc::new(1));
+        let second = cell.write().publish(Arc::new(2));
+        assert_eq!(*cell.load_full(), 2);
+        let one = second.settle();
+        assert_eq!(*one, 1);
+        assert!(Arc::try_unique(one).is_ok());
+        let zero = first.settle();
+        assert_eq!(*zero, 0);
+        assert_eq!(Arc::count(&zero), 2);
+        drop(held);
+        assert!(Arc::try_unique(zero).is_ok());
+        assert_eq!(cell.version(), 2);
+        drop(cell.write().publish(Arc::new(3)));
+        let three = cell.load_full();
+        assert_eq!((*three, Arc::count(&three)), (3, 2));
+    }
 
     #[test]
     fn loads_see_the_latest_swap_and_counts_stay_exact() {
@@ -548,6 +623,25 @@ mod loom_tests {
             let reader = thread::spawn(move || *c.load_full());
             drop(cell.write().swap(Arc::new(1)));
             drop(cell.write().swap(Arc::new(2)));
+            assert!(reader.join().unwrap() <= 2);
+            assert_eq!(Arc::count(&cell.load_full()), 2);
+            assert_eq!(cell.version(), 2);
+        });
+    }
+
+    /// A writer settles its old value on another thread while the next
+    /// writer publishes and settles its own, a reader racing both: what
+    /// a commit does now that it settles after its locks.
+    #[test]
+    fn loom_settles_overlap() {
+        bounded(3).check(|| {
+            let cell = std::sync::Arc::new(RootCell::new(Arc::new(0u64)));
+            let c = cell.clone();
+            let reader = thread::spawn(move || *c.load_full());
+            let first = cell.write().publish(Arc::new(1));
+            let settler = thread::spawn(move || *first.settle());
+            drop(cell.write().swap(Arc::new(2)));
+            assert_eq!(settler.join().unwrap(), 0);
             assert!(reader.join().unwrap() <= 2);
             assert_eq!(Arc::count(&cell.load_full()), 2);
             assert_eq!(cell.version(), 2);
