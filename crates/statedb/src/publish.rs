@@ -45,6 +45,12 @@
 //! compare-and-swap pays only a slot that still holds the old pointer,
 //! which is then a protection of that same, live value).
 //!
+//! The store is made under the writers' lock; the fence and the walk
+//! (`Retired::settle`) need not be: each walk pays only slots holding its
+//! own old pointer, which its reference keeps alive (so no other live
+//! value shares the address), and a slot holds one pointer at a time, so
+//! walks of successive swaps may overlap.
+//!
 //! Readers are lock-free (a reader starts over only when a writer
 //! published meanwhile); the writer never waits for a reader.
 
@@ -247,7 +253,7 @@ unsafe fn clone_raw<T>(p: *const T) -> Arc<T> {
 pub(crate) struct RootCell<T> {
     /// From `Arc::into_raw`; the cell owns that reference.
     ptr: AtomicPtr<T>,
-    /// Bumped after every swap (see [`RootCell::version`]). `std`'s even
+    /// Bumped after every publication's store (see [`RootCell::version`]). `std`'s even
     /// under loom: the models do not follow it.
     version: StdAtomicU64,
     /// Held by the one writer.
@@ -306,9 +312,9 @@ impl<T> RootCell<T> {
     }
 
     /// How many times the value was replaced. A reader that loads this
-    /// (Acquire) and then the value finds the value that swap published,
-    /// or a newer one: an unchanged count tells a reader holding a value
-    /// that no swap finished since, with one plain load.
+    /// (Acquire) and then the value finds the value that publication
+    /// stored, or a newer one: an unchanged count tells a reader holding a
+    /// value that nothing was published since, with one plain load.
     #[inline]
     pub(crate) fn version(&self) -> u64 {
         self.version.load(std::sync::atomic::Ordering::Acquire)
