@@ -465,7 +465,10 @@ impl Db {
     /// A write transaction locking `tables` (in table-id order, repetitions
     /// ignored: deadlock-free whatever the order). Blocks while another
     /// write transaction holds one of them. Do not open a second write
-    /// transaction on a table from the thread already holding one.
+    /// transaction on a table from the thread already holding one. The
+    /// transaction borrows the database and the table handles (it takes
+    /// no reference count of its own); to finish it on another thread,
+    /// use `std::thread::scope`.
     pub fn write_txn<'a>(&'a self, tables: &[&'a dyn AnyTable]) -> Result<WriteTxn<'a>> {
         let mut metas: SmallVec<[&'a dyn AnyTable; 4]> = SmallVec::new();
         for &t in tables {
