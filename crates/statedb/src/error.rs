@@ -45,6 +45,18 @@ pub enum Error {
     /// The transaction's snapshot predates the table.
     #[error("table {0:?} is not in this transaction's snapshot")]
     TableNotInSnapshot(String),
+    /// A primary key of another type than the table's primary index
+    /// takes, where no index names the type ([`crate::Table::delete_key`]):
+    /// it would encode differently and find nothing.
+    #[error("table {table:?} has primary keys of type {expected}, not {got}")]
+    KeyType {
+        /// The table.
+        table: String,
+        /// The primary index's key type.
+        expected: &'static str,
+        /// The key type given.
+        got: &'static str,
+    },
     /// Writing a table the write transaction did not lock.
     #[error("table {0:?} is not locked by this write transaction")]
     TableNotLocked(String),

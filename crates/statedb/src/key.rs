@@ -25,6 +25,16 @@ use crate::Error;
 
 /// A value that can be an index key.
 pub trait Key {
+    /// Which encoding the type has, so that a table can refuse a key of
+    /// another type where no index names the type
+    /// ([`Table::delete_key`](crate::Table::delete_key)): a `u32` and an
+    /// `i32` of equal value encode differently, and a delete with the one
+    /// would silently find nothing under keys of the other. Types that
+    /// encode alike share a family (`String`, `str`, `Vec<u8>` and `[u8]`;
+    /// `u64` and `usize`); see [`key_family`]. 0, the default for key types
+    /// of your own, is never checked.
+    const FAMILY: u64 = 0;
+
     /// Appends the order-preserving encoding of `self`.
     fn encode(&self, out: &mut Vec<u8>);
 
@@ -51,6 +61,45 @@ pub trait Key {
         let mut v = Vec::new();
         self.encode(&mut v);
         v
+    }
+}
+
+/// A [`Key::FAMILY`] from a name (FNV-1a), never 0: for key types of your
+/// own whose encoding should be told apart from others'.
+pub const fn key_family(name: &str) -> u64 {
+    let b = name.as_bytes();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < b.len() {
+        h ^= b[i] as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    if h == 0 {
+        1
+    } else {
+        h
+    }
+}
+
+/// The family of a tuple (or a fixed-size array) from its parts' families;
+/// 0 (unchecked) when any part is.
+const fn combine(parts: &[u64]) -> u64 {
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut i = 0;
+    while i < parts.len() {
+        if parts[i] == 0 {
+            return 0;
+        }
+        h = (h ^ parts[i])
+            .wrapping_mul(0x0100_0000_01b3)
+            .rotate_left(29);
+        i += 1;
+    }
+    if h == 0 {
+        1
+    } else {
+        h
     }
 }
 
@@ -174,6 +223,7 @@ pub(crate) fn decode_rev(k: &[u8]) -> u64 {
 macro_rules! unsigned {
     ($($t:ty),*) => {$(
         impl Key for $t {
+            const FAMILY: u64 = key_family(stringify!($t));
             #[inline]
             fn encode(&self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_be_bytes());
@@ -194,6 +244,7 @@ unsigned!(u8, u16, u32, u64, u128);
 macro_rules! signed {
     ($($t:ty => $u:ty),*) => {$(
         impl Key for $t {
+            const FAMILY: u64 = key_family(stringify!($t));
             #[inline]
             fn encode(&self, out: &mut Vec<u8>) {
                 let flipped = (*self as $u) ^ (1 << (<$u>::BITS - 1));
@@ -214,6 +265,7 @@ macro_rules! signed {
 signed!(i8 => u8, i16 => u16, i32 => u32, i64 => u64, i128 => u128);
 
 impl Key for usize {
+    const FAMILY: u64 = u64::FAMILY;
     fn encode(&self, out: &mut Vec<u8>) {
         (*self as u64).encode(out)
     }
@@ -226,6 +278,7 @@ impl Key for usize {
 }
 
 impl Key for isize {
+    const FAMILY: u64 = i64::FAMILY;
     fn encode(&self, out: &mut Vec<u8>) {
         (*self as i64).encode(out)
     }
@@ -235,6 +288,7 @@ impl Key for isize {
 }
 
 impl Key for bool {
+    const FAMILY: u64 = key_family("bool");
     fn encode(&self, out: &mut Vec<u8>) {
         out.push(*self as u8);
     }
@@ -244,6 +298,7 @@ impl Key for bool {
 }
 
 impl Key for str {
+    const FAMILY: u64 = key_family("bytes");
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self.as_bytes());
     }
@@ -253,6 +308,7 @@ impl Key for str {
 }
 
 impl Key for String {
+    const FAMILY: u64 = key_family("bytes");
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self.as_bytes());
     }
@@ -262,6 +318,7 @@ impl Key for String {
 }
 
 impl Key for [u8] {
+    const FAMILY: u64 = key_family("bytes");
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self);
     }
@@ -271,6 +328,7 @@ impl Key for [u8] {
 }
 
 impl Key for Vec<u8> {
+    const FAMILY: u64 = key_family("bytes");
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self);
     }
@@ -280,6 +338,8 @@ impl Key for Vec<u8> {
 }
 
 impl<const N: usize> Key for [u8; N] {
+    // Its own family: inside a tuple it is not escaped as `Vec<u8>` is.
+    const FAMILY: u64 = combine(&[key_family("[u8; N]"), N as u64 + 1]);
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(self);
     }
@@ -292,6 +352,7 @@ impl<const N: usize> Key for [u8; N] {
 }
 
 impl<T: Key + ?Sized> Key for &T {
+    const FAMILY: u64 = T::FAMILY;
     fn encode(&self, out: &mut Vec<u8>) {
         (**self).encode(out)
     }
@@ -304,6 +365,7 @@ impl<T: Key + ?Sized> Key for &T {
 }
 
 impl Key for Ipv4Addr {
+    const FAMILY: u64 = key_family("ipv4");
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.octets());
     }
@@ -316,6 +378,7 @@ impl Key for Ipv4Addr {
 }
 
 impl Key for Ipv6Addr {
+    const FAMILY: u64 = key_family("ipv6");
     fn encode(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.octets());
     }
@@ -328,6 +391,7 @@ impl Key for Ipv6Addr {
 }
 
 impl Key for IpAddr {
+    const FAMILY: u64 = key_family("ip");
     fn encode(&self, out: &mut Vec<u8>) {
         match self {
             IpAddr::V4(a) => {
@@ -401,6 +465,7 @@ impl std::fmt::Display for IpPrefix {
 }
 
 impl Key for IpPrefix {
+    const FAMILY: u64 = key_family("ip prefix");
     fn encode(&self, out: &mut Vec<u8>) {
         self.addr.encode(out);
         out.push(self.len);
@@ -414,6 +479,7 @@ macro_rules! tuple {
     ($($name:ident)+ ; $last:ident) => {
         #[allow(non_snake_case)]
         impl<$($name: Key,)+ $last: Key> Key for ($($name,)+ $last) {
+            const FAMILY: u64 = combine(&[$($name::FAMILY,)+ $last::FAMILY]);
             fn encode(&self, out: &mut Vec<u8>) {
                 let ($($name,)+ $last) = self;
                 $($name.encode_nested(out);)+
@@ -515,5 +581,72 @@ mod tests {
         assert!(enc(("a".to_string(), 2u8)) < enc(("a\0".to_string(), 1u8)));
         assert!(enc(("a".to_string(), 2u8)) < enc(("ab".to_string(), 1u8)));
         assert!(enc((-1i32, "z")) < enc((0i32, "a")));
+    }
+
+    /// Families tell apart every pair of built-in key types that encode
+    /// differently, and only those.
+    #[test]
+    fn families_follow_encodings() {
+        let fams = [
+            u8::FAMILY,
+            u16::FAMILY,
+            u32::FAMILY,
+            u64::FAMILY,
+            u128::FAMILY,
+            i8::FAMILY,
+            i16::FAMILY,
+            i32::FAMILY,
+            i64::FAMILY,
+            i128::FAMILY,
+            bool::FAMILY,
+            str::FAMILY,
+            <[u8; 4]>::FAMILY,
+            <[u8; 8]>::FAMILY,
+            Ipv4Addr::FAMILY,
+            Ipv6Addr::FAMILY,
+            IpAddr::FAMILY,
+            IpPrefix::FAMILY,
+            <(u32, u8)>::FAMILY,
+            <(u8, u32)>::FAMILY,
+            <(Vec<u8>, u8)>::FAMILY,
+            <([u8; 4], u8)>::FAMILY,
+            <(u8, u8, u8)>::FAMILY,
+        ];
+        for (i, a) in fams.iter().enumerate() {
+            assert_ne!(*a, 0, "family {i} unchecked");
+            for (j, b) in fams.iter().enumerate().skip(i + 1) {
+                assert_ne!(a, b, "families {i} and {j} collide");
+            }
+        }
+        assert_eq!(usize::FAMILY, u64::FAMILY);
+        assert_eq!(isize::FAMILY, i64::FAMILY);
+        assert_eq!(String::FAMILY, str::FAMILY);
+        assert_eq!(<[u8]>::FAMILY, str::FAMILY);
+        assert_eq!(<Vec<u8>>::FAMILY, str::FAMILY);
+        assert_eq!(<&str>::FAMILY, str::FAMILY);
+        assert_eq!(<(String, u8)>::FAMILY, <(&str, u8)>::FAMILY);
+        // Same family, same encoding.
+        assert_eq!(enc(7usize), enc(7u64));
+        assert_eq!(enc(-7isize), enc(-7i64));
+        assert_eq!(enc("ab"), enc(b"ab".to_vec()));
+
+        /// A key type of a user's own: unchecked unless it names a family.
+        struct Mine;
+        impl Key for Mine {
+            fn encode(&self, out: &mut Vec<u8>) {
+                out.push(1);
+            }
+        }
+        struct Named;
+        impl Key for Named {
+            const FAMILY: u64 = key_family("named");
+            fn encode(&self, out: &mut Vec<u8>) {
+                out.push(1);
+            }
+        }
+        assert_eq!(Mine::FAMILY, 0);
+        assert_eq!(<(Mine, u8)>::FAMILY, 0);
+        assert_ne!(Named::FAMILY, 0);
+        assert_ne!(<(Named, u8)>::FAMILY, 0);
     }
 }

@@ -75,7 +75,7 @@ pub use db::{Db, DbOptions, TableOptions, TableStats};
 pub use error::Error;
 pub use index::{AnyIndex, Index};
 pub use init::Initializer;
-pub use key::{escape_nonunique, IpPrefix, Key, KeyLayout};
+pub use key::{escape_nonunique, key_family, IpPrefix, Key, KeyLayout};
 pub use metrics::Timings;
 pub use object::Object;
 pub use part::{Watch, WatchSet};

@@ -190,6 +190,8 @@ pub(crate) struct TableInner<T> {
     /// first transaction to write them starts from (so that its commit
     /// fires the watches readers of such a root took here).
     pub(crate) empty_rare: Arc<Rare<T>>,
+    /// The primary index's key type: its [`Key::FAMILY`] and name.
+    pub(crate) pk_type: (u64, &'static str),
 }
 
 /// A typed handle to a table of objects `T`. Cheap to clone.
@@ -1092,13 +1094,24 @@ impl<T: Storable> Table<T> {
     }
 
     /// Deletes the object with primary key `key`; returns it. `key` must
-    /// encode like the primary index's key type (pass a `u64` for a `u64`
-    /// index, a `&str` or `String` for a `String` index).
+    /// encode like the primary index's key type (a `u64` for a `u64`
+    /// index, a `&str` or `String` for a `String` index): a key of another
+    /// built-in type is [`Error::KeyType`] (`delete_key(&mut w, &1)` on a
+    /// `u32` index passes an `i32`), where a lookup through the index would
+    /// not have compiled.
     pub fn delete_key<Q: Key + ?Sized>(
         &self,
         txn: &mut WriteTxn,
         key: &Q,
     ) -> Result<Option<Obj<T>>> {
+        let (family, name) = self.inner.pk_type;
+        if Q::FAMILY != family && Q::FAMILY != 0 && family != 0 {
+            return Err(Error::KeyType {
+                table: self.inner.meta.name.clone(),
+                expected: name,
+                got: std::any::type_name::<Q>(),
+            });
+        }
         let pk = key.to_key();
         txn.with_table(self, |s, k| s.delete_pk(k, &self.inner, &pk, None))
     }

@@ -292,3 +292,63 @@ fn json_errors_are_typed() {
     let r = w.commit().unwrap();
     assert!(matches!(t.to_json(&r).unwrap_err(), Error::Json(m) if m.contains("cannot serialize")));
 }
+
+/// Regression: `delete_key(&mut w, &1)` on a `u32` primary index passed an
+/// `i32`, which encodes differently, and silently deleted nothing.
+#[test]
+fn delete_key_of_another_type_is_refused() {
+    let f = fixture();
+    insert_committed(&f.db, &f.table, obj(1, "a", &[], 0));
+    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+    let e = Error::KeyType {
+        table: "objs".into(),
+        expected: "u32",
+        got: "i32",
+    };
+    assert_eq!(f.table.delete_key(&mut w, &1).unwrap_err(), e);
+    assert_eq!(f.table.delete_key(&mut w, &1i32).unwrap_err(), e);
+    assert!(matches!(
+        f.table.delete_key(&mut w, &1u64).unwrap_err(),
+        Error::KeyType { got: "u64", .. }
+    ));
+    assert!(matches!(
+        f.table.delete_key(&mut w, "1").unwrap_err(),
+        Error::KeyType { got: "str", .. }
+    ));
+    // Refused without touching the table: the object is still there.
+    assert_eq!(f.table.len(&w).unwrap(), 1);
+    assert!(f.table.delete_key(&mut w, &1u32).unwrap().is_some());
+    assert!(f.table.delete_key(&mut w, &&1u32).unwrap().is_none());
+    w.commit().unwrap();
+
+    // Types that encode alike are accepted for each other.
+    let db = db_no_gc();
+    let by_name = Index::unique("name", |o: &Obj| o.name.clone());
+    let t = db.create_table("named", &by_name, &[]).unwrap();
+    let mut w = db.write_txn(&[&t]).unwrap();
+    for n in ["a", "b", "c"] {
+        t.insert(&mut w, obj(0, n, &[], 0)).unwrap();
+    }
+    assert!(t.delete_key(&mut w, "a").unwrap().is_some());
+    assert!(t.delete_key(&mut w, &"b".to_string()).unwrap().is_some());
+    assert!(t.delete_key(&mut w, &b"c"[..]).unwrap().is_some());
+    assert!(matches!(
+        t.delete_key(&mut w, &7u8).unwrap_err(),
+        Error::KeyType {
+            expected: "alloc::string::String",
+            got: "u8",
+            ..
+        }
+    ));
+
+    // Tuples compare part by part.
+    let by_pair = Index::unique("pair", |o: &Obj| (o.group, o.id));
+    let t = db.create_table("pairs", &by_pair, &[]).unwrap();
+    let mut w = db.write_txn(&[&t]).unwrap();
+    t.insert(&mut w, obj(5, "", &[], -2)).unwrap();
+    assert!(matches!(
+        t.delete_key(&mut w, &(-2i32, 5u32)).unwrap_err(),
+        Error::KeyType { .. }
+    ));
+    assert!(t.delete_key(&mut w, &(-2i16, 5u32)).unwrap().is_some());
+}
