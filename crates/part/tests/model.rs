@@ -153,6 +153,28 @@ fn wide(base: u16, opts: part::Options) -> (Tree<u32>, Model) {
     (txn.commit(), model)
 }
 
+/// Applies `op` on `k` to both `txn` and `model` (0-2 insert `v`, 3
+/// modify: xor with `v`, or `v` when absent; else delete), checking that
+/// they return the same.
+fn apply(
+    txn: &mut Txn<u32>,
+    model: &mut Model,
+    op: u8,
+    k: Vec<u8>,
+    v: u32,
+) -> Result<(), TestCaseError> {
+    match op {
+        0..=2 => prop_assert_eq!(txn.insert(&k, v).unwrap(), model.insert(k, v)),
+        3 => {
+            let want = model.get(&k).map_or(v, |x| x ^ v);
+            let got = txn.modify(&k, |old| old.map_or(v, |x| x ^ v)).unwrap();
+            prop_assert_eq!(got, model.insert(k, want));
+        }
+        _ => prop_assert_eq!(txn.delete(&k), model.remove(&k)),
+    }
+    Ok(())
+}
+
 /// Snapshots a test keeps, each with its model, checked at the end.
 type Snapshots = Vec<(Tree<u32>, Model)>;
 
@@ -571,15 +593,7 @@ proptest! {
             for (op, a, b, v) in ops {
                 let k = if *b == 0 { vec![*a] } else { vec![*a, *b] };
                 probe_written |= k == probe_key && (*op < 4 || model.contains_key(&k));
-                match op {
-                    0..=2 => prop_assert_eq!(txn.insert(&k, *v).unwrap(), model.insert(k, *v)),
-                    3 => {
-                        let want = model.get(&k).map_or(*v, |x| x ^ v);
-                        let got = txn.modify(&k, |old| old.map_or(*v, |x| x ^ v)).unwrap();
-                        prop_assert_eq!(got, model.insert(k, want));
-                    }
-                    _ => prop_assert_eq!(txn.delete(&k), model.remove(&k)),
-                }
+                apply(&mut txn, &mut model, *op, k, *v)?;
             }
             let probe_watch = (&watch, probe_written);
             tree = commit_checked(txn, probe_watch, &model, &[20, 1], *action, *probe, &mut snapshots)?;
@@ -631,15 +645,7 @@ proptest! {
                     _ => vec![*a, *b, *c],
                 };
                 probe_written |= k == probe_key && (*op < 4 || model.contains_key(&k));
-                match op {
-                    0..=2 => prop_assert_eq!(txn.insert(&k, *v).unwrap(), model.insert(k, *v)),
-                    3 => {
-                        let want = model.get(&k).map_or(*v, |x| x ^ v);
-                        let got = txn.modify(&k, |old| old.map_or(*v, |x| x ^ v)).unwrap();
-                        prop_assert_eq!(got, model.insert(k, want));
-                    }
-                    _ => prop_assert_eq!(txn.delete(&k), model.remove(&k)),
-                }
+                apply(&mut txn, &mut model, *op, k, *v)?;
             }
             let probe_watch = (&watch, probe_written);
             tree = commit_checked(txn, probe_watch, &model, &[6, 6, 6], *action, *probe, &mut snapshots)?;
