@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 use triomphe::UniqueArc;
 
 use crate::index::{AnyIndex, Index};
-use crate::key::{Key, KeyLayout};
+use crate::key::KeyLayout;
 use crate::line::CacheLine;
 use crate::metrics::{TableMetrics, Timings};
 use crate::publish::RootCell;
@@ -365,7 +365,7 @@ impl Db {
     /// Creates a table with a primary index (unique, one key per object) and
     /// secondary indexes. Names are checked (see the crate docs); each index
     /// joins exactly one table.
-    pub fn create_table<T: Storable, K: Key>(
+    pub fn create_table<T: Storable, K>(
         &self,
         name: &str,
         primary: &Index<T, K>,
@@ -375,7 +375,7 @@ impl Db {
     }
 
     /// [`Db::create_table`] with options.
-    pub fn create_table_with<T: Storable, K: Key>(
+    pub fn create_table_with<T: Storable, K>(
         &self,
         name: &str,
         primary: &Index<T, K>,
@@ -428,7 +428,6 @@ impl Db {
             layout: opts.key_layout,
             unique_secondary,
             empty_rare: Arc::new(crate::table::Rare::empty()),
-            pk_type: (K::FAMILY, std::any::type_name::<K>()),
         });
         {
             let w = self.inner.root.write();

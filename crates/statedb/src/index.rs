@@ -64,6 +64,9 @@ pub(crate) struct IndexInner<T> {
     /// Exactly one key per object (required of primary indexes).
     pub(crate) single: bool,
     pub(crate) keys: Box<KeyFn<T>>,
+    /// The key type's [`Key::FAMILY`] and name, for a key given without
+    /// the index (`Table::delete_key`).
+    pub(crate) key_type: (u64, &'static str),
     /// (table uid, position in the table, the table's key layout) once the
     /// index joins a table.
     pub(crate) slot: OnceLock<(u64, usize, KeyLayout)>,
@@ -141,6 +144,7 @@ impl<T: 'static, K: Key + 'static> Index<T, K> {
                     unique,
                     single,
                     keys,
+                    key_type: (K::FAMILY, std::any::type_name::<K>()),
                     slot: OnceLock::new(),
                 }),
             },

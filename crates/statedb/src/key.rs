@@ -75,11 +75,7 @@ pub const fn key_family(name: &str) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
         i += 1;
     }
-    if h == 0 {
-        1
-    } else {
-        h
-    }
+    nonzero(h)
 }
 
 /// The family of a tuple (or a fixed-size array) from its parts' families;
@@ -96,6 +92,11 @@ const fn combine(parts: &[u64]) -> u64 {
             .rotate_left(29);
         i += 1;
     }
+    nonzero(h)
+}
+
+/// `h`, or 1 for 0 (which means unchecked).
+const fn nonzero(h: u64) -> u64 {
     if h == 0 {
         1
     } else {

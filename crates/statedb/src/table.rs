@@ -190,8 +190,6 @@ pub(crate) struct TableInner<T> {
     /// first transaction to write them starts from (so that its commit
     /// fires the watches readers of such a root took here).
     pub(crate) empty_rare: Arc<Rare<T>>,
-    /// The primary index's key type: its [`Key::FAMILY`] and name.
-    pub(crate) pk_type: (u64, &'static str),
 }
 
 /// A typed handle to a table of objects `T`. Cheap to clone.
@@ -1104,7 +1102,7 @@ impl<T: Storable> Table<T> {
         txn: &mut WriteTxn,
         key: &Q,
     ) -> Result<Option<Obj<T>>> {
-        let (family, name) = self.inner.pk_type;
+        let (family, name) = self.inner.indexes[0].inner.key_type;
         if Q::FAMILY != family && Q::FAMILY != 0 && family != 0 {
             return Err(Error::KeyType {
                 table: self.inner.meta.name.clone(),
