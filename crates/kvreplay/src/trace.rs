@@ -218,6 +218,13 @@ pub fn chain_hash(parent: u64, block: u64) -> u64 {
     mix64(parent.rotate_left(23) ^ mix64(block))
 }
 
+/// Engine blocks a scaled trace may hold in all ([`TraceScaling::apply`]
+/// refuses more): 8 GiB of block ids.
+pub const MAX_SCALED_BLOCKS: u64 = 1 << 30;
+
+/// Requests a scaled trace may hold in all.
+pub const MAX_SCALED_REQUESTS: u64 = 1 << 26;
+
 /// Mooncake-bench style scaling of a trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct TraceScaling {
@@ -259,7 +266,9 @@ impl TraceScaling {
                 self.trace_block_size, self.block_size
             )));
         }
-        Ok((self.trace_block_size / self.block_size) as u64 * self.length_factor as u64)
+        ((self.trace_block_size / self.block_size) as u64)
+            .checked_mul(self.length_factor as u64)
+            .ok_or_else(|| TraceError::Scaling("blocks per trace id overflow u64".into()))
     }
 
     /// Applies the knobs and converts records into a workload sorted by
@@ -269,6 +278,24 @@ impl TraceScaling {
             return Err(TraceError::Empty);
         }
         let k = self.blocks_per_id()?;
+        // Refused before anything is allocated: knobs that would scale the
+        // trace past the memory of any machine this runs on.
+        let dup = self.duplication_factor as u64;
+        let ids: u64 = records.iter().map(|r| r.hash_ids.len() as u64).sum();
+        let blocks = ids.checked_mul(k).and_then(|b| b.checked_mul(dup));
+        if blocks.is_none_or(|b| b > MAX_SCALED_BLOCKS) {
+            return Err(TraceError::Scaling(format!(
+                "{ids} hash ids x {k} blocks per id x {dup} copies is more than \
+                 {MAX_SCALED_BLOCKS} blocks"
+            )));
+        }
+        let n = (records.len() as u64).checked_mul(dup);
+        if n.is_none_or(|n| n > MAX_SCALED_REQUESTS) {
+            return Err(TraceError::Scaling(format!(
+                "{} requests x {dup} copies is more than {MAX_SCALED_REQUESTS} requests",
+                records.len()
+            )));
+        }
         let overflow = || TraceError::Scaling("hash ids overflow u64 after scaling".into());
         let max_id = records
             .iter()
@@ -289,7 +316,7 @@ impl TraceScaling {
                 .iter()
                 .flat_map(|&h| (0..k).map(move |j| h * k + j))
                 .collect();
-            let input = (r.input_length * lf).min(u64::from(u32::MAX)) as u32;
+            let input = r.input_length.saturating_mul(lf).min(u64::from(u32::MAX)) as u32;
             for d in 0..self.duplication_factor as u64 {
                 requests.push(Request {
                     arrival_us: (r.timestamp * 1000.0).round() as u64,
@@ -534,6 +561,39 @@ mod tests {
             let model = if total == 0 { 0.0 } else { hits as f64 / total as f64 };
             prop_assert!((w.infinite_cache_hit_rate() - model).abs() < 1e-12);
         }
+    }
+
+    /// Knobs that scale a trace past any machine's memory, or overflow,
+    /// are a typed error before anything is allocated (these aborted the
+    /// process: a 2^32-token trace block over 1-token blocks made each
+    /// hash id 2^32 x 1024 blocks).
+    #[test]
+    fn oversized_scaling_is_refused_before_allocating() {
+        let rec = |ids: Vec<u64>| TraceRecord {
+            timestamp: 0.0,
+            input_length: u64::from(u32::MAX),
+            output_length: 1,
+            hash_ids: ids,
+        };
+        let scaled = |length_factor, duplication_factor, trace_block_size, records: &[_]| {
+            TraceScaling {
+                length_factor,
+                duplication_factor,
+                trace_block_size,
+                block_size: 1,
+            }
+            .apply("t", records)
+        };
+        let huge_blocks = scaled(1024, 1, u32::MAX as usize, &[rec(vec![0, 1])]);
+        assert!(matches!(huge_blocks, Err(TraceError::Scaling(m)) if m.contains("blocks")));
+        let overflow = scaled(usize::MAX, 1, 512, &[rec(vec![0])]);
+        assert!(matches!(overflow, Err(TraceError::Scaling(_))));
+        let huge_requests = scaled(1, 1 << 40, 1, &[rec(vec![])]);
+        assert!(matches!(huge_requests, Err(TraceError::Scaling(m)) if m.contains("requests")));
+        // Long prompts times the length factor saturate at 2^32 - 1 tokens.
+        let w = scaled(1024, 2, 1, &[rec(vec![3])]).unwrap();
+        assert_eq!(w.requests[0].input_tokens, u32::MAX);
+        assert_eq!(w.total_blocks(), 2 * 1024);
     }
 
     #[test]
