@@ -195,6 +195,31 @@ fn trace_run_and_malformed_lines() {
     ]);
     assert_eq!(missing.status.code(), Some(1));
     assert!(text(&missing.stderr).contains("cannot read trace"));
+
+    // Knobs within their flags' ranges that scale the trace past any
+    // memory: a clear error, not an abort (each hash id was 2^32 x 1024
+    // one-token blocks).
+    let huge = arbor(&[
+        "kv",
+        "replay",
+        "--trace",
+        p,
+        "--no-stress",
+        "--no-progress",
+        "--skip-bad-lines",
+        "--trace-block-size",
+        "4294967295",
+        "--block-size",
+        "1",
+        "--trace-length-factor",
+        "1024",
+    ]);
+    assert_eq!(huge.status.code(), Some(1), "{}", text(&huge.stderr));
+    assert!(
+        text(&huge.stderr).contains("more than"),
+        "{}",
+        text(&huge.stderr)
+    );
 }
 
 #[test]
