@@ -251,6 +251,20 @@ fn bad_flags_exit_2_with_clap_errors() {
     }
     let scaling = arbor(&["kv", "replay", "--trace", "x", "--block-size", "100"]);
     assert_eq!(scaling.status.code(), Some(1));
+    // In the flag's range, past any memory: refused before generating.
+    let huge = arbor(&[
+        "kv",
+        "replay",
+        "--no-progress",
+        "--synth-system-prompt-tokens",
+        "4294967295",
+    ]);
+    assert_eq!(huge.status.code(), Some(1), "{}", text(&huge.stderr));
+    assert!(
+        text(&huge.stderr).contains("blocks"),
+        "{}",
+        text(&huge.stderr)
+    );
     let t0 = std::time::Instant::now();
     let unwritable = arbor(&["kv", "replay", "--json", "/nonexistent-dir/r.json"]);
     assert_eq!(unwritable.status.code(), Some(1));

@@ -27,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
-use crate::trace::{Request, Workload};
+use crate::trace::{Request, Workload, MAX_SCALED_BLOCKS};
 
 /// Parameters of the synthetic generator.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -74,6 +74,9 @@ impl Default for SynthConfig {
     }
 }
 
+/// System prompts a synthetic workload may draw from, at most.
+pub const MAX_SYSTEM_PROMPTS: usize = 1 << 24;
+
 /// The configuration is unusable.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid synthetic workload parameter: {0}")]
@@ -113,6 +116,23 @@ impl SynthConfig {
         }
         if self.session_rate * self.duration_s * self.mean_turns > 5e7 {
             return Err(SynthError("more than 50M requests requested".into()));
+        }
+        // Refused before generating: each request holds its prompt's block
+        // ids, and prompts grow by a turn's tokens per turn.
+        if self.system_prompts > MAX_SYSTEM_PROMPTS {
+            return Err(SynthError(format!(
+                "more than {MAX_SYSTEM_PROMPTS} system prompts requested"
+            )));
+        }
+        let tokens = 1.5
+            * (f64::from(self.system_prompt_tokens)
+                + self.mean_turns * (f64::from(self.user_tokens) + f64::from(self.output_tokens)));
+        let blocks =
+            self.session_rate * self.duration_s * self.mean_turns * tokens / self.block_size as f64;
+        if blocks > MAX_SCALED_BLOCKS as f64 {
+            return Err(SynthError(format!(
+                "the workload would hold about {blocks:.2e} blocks, more than {MAX_SCALED_BLOCKS}"
+            )));
         }
         Ok(())
     }
@@ -236,6 +256,28 @@ mod tests {
             session_rate: 10.0,
             ..Default::default()
         }
+    }
+
+    /// Sizes within the CLI's flag ranges that would generate more than
+    /// any memory holds are refused before generating (a 2^32-token system
+    /// prompt made every request hold 10^8 block ids).
+    #[test]
+    fn oversized_workloads_are_refused() {
+        let huge_prompt = SynthConfig {
+            system_prompt_tokens: u32::MAX,
+            ..small()
+        };
+        let e = generate(&huge_prompt).unwrap_err();
+        assert!(e.0.contains("blocks"), "{e}");
+        let many_prompts = SynthConfig {
+            system_prompts: usize::MAX,
+            ..small()
+        };
+        assert!(generate(&many_prompts)
+            .unwrap_err()
+            .0
+            .contains("system prompts"));
+        assert!(generate(&SynthConfig::default()).is_ok());
     }
 
     #[test]

@@ -218,8 +218,8 @@ pub fn chain_hash(parent: u64, block: u64) -> u64 {
     mix64(parent.rotate_left(23) ^ mix64(block))
 }
 
-/// Engine blocks a scaled trace may hold in all ([`TraceScaling::apply`]
-/// refuses more): 8 GiB of block ids.
+/// Engine blocks a workload may hold in all: 8 GiB of block ids
+/// ([`TraceScaling::apply`] and the synthetic generator refuse more).
 pub const MAX_SCALED_BLOCKS: u64 = 1 << 30;
 
 /// Requests a scaled trace may hold in all.
