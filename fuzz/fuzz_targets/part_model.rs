@@ -95,6 +95,14 @@ fn in_range(k: &[u8], lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u8>>) -> bool {
     above && below
 }
 
+/// The pairs of `all` between `lo` and `hi`.
+fn within(all: &Pairs, lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u8>>) -> Pairs {
+    all.iter()
+        .filter(|(k, _)| in_range(k, lo, hi))
+        .cloned()
+        .collect()
+}
+
 fn bounds(a: &[u8], b: &[u8]) -> [Range; 6] {
     [
         (Bound::Included(a.to_vec()), Bound::Excluded(b.to_vec())),
@@ -144,11 +152,7 @@ fn check_tree(t: &Tree<V>, m: &Model, a: &[u8], b: &[u8]) {
     assert_eq!(collect(t.lower_bound(a)), lb);
     assert_eq!(collect(t.lower_bound_rev(a)), rev(lb));
     for (lo, hi) in bounds(a, b) {
-        let want: Pairs = all
-            .iter()
-            .filter(|(k, _)| in_range(k, &lo, &hi))
-            .cloned()
-            .collect();
+        let want = within(&all, &lo, &hi);
         let scan = Scan::Range(lo, hi);
         assert_eq!(collect(t.scan(&scan, false)), want, "{scan:?}");
         assert_eq!(
@@ -177,11 +181,7 @@ fn check_txn(txn: &Txn<V>, m: &Model, a: &[u8], b: &[u8]) {
         .collect();
     assert_eq!(collect(txn.prefix(a)), pre);
     for (lo, hi) in bounds(a, b) {
-        let want: Pairs = all
-            .iter()
-            .filter(|(k, _)| in_range(k, &lo, &hi))
-            .cloned()
-            .collect();
+        let want = within(&all, &lo, &hi);
         let scan = Scan::Range(lo, hi);
         assert_eq!(
             collect(txn.scan(&scan, true)),

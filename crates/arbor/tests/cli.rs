@@ -14,6 +14,13 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// The run failed with exit status 1 and said `needle` on stderr.
+fn refused(out: &Output, needle: &str) {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(needle), "{err}");
+}
+
 /// A few seconds of synthetic traffic on four workers.
 const TINY_WORKLOAD: &[&str] = &[
     "kv",
@@ -172,7 +179,7 @@ fn trace_run_and_malformed_lines() {
         "{err}"
     );
 
-    let skip = arbor(&[
+    let skipping = [
         "kv",
         "replay",
         "--trace",
@@ -180,9 +187,8 @@ fn trace_run_and_malformed_lines() {
         "--no-stress",
         "--no-progress",
         "--skip-bad-lines",
-        "--workers",
-        "2",
-    ]);
+    ];
+    let skip = arbor(&[&skipping[..], &["--workers", "2"]].concat());
     assert!(skip.status.success());
     assert!(text(&skip.stdout).contains("skipped 1 malformed"));
 
@@ -193,33 +199,26 @@ fn trace_run_and_malformed_lines() {
         "/nonexistent.jsonl",
         "--no-progress",
     ]);
-    assert_eq!(missing.status.code(), Some(1));
-    assert!(text(&missing.stderr).contains("cannot read trace"));
+    refused(&missing, "cannot read trace");
 
     // Knobs within their flags' ranges that scale the trace past any
     // memory: a clear error, not an abort (each hash id was 2^32 x 1024
     // one-token blocks).
-    let huge = arbor(&[
-        "kv",
-        "replay",
-        "--trace",
-        p,
-        "--no-stress",
-        "--no-progress",
-        "--skip-bad-lines",
-        "--trace-block-size",
-        "4294967295",
-        "--block-size",
-        "1",
-        "--trace-length-factor",
-        "1024",
-    ]);
-    assert_eq!(huge.status.code(), Some(1), "{}", text(&huge.stderr));
-    assert!(
-        text(&huge.stderr).contains("more than"),
-        "{}",
-        text(&huge.stderr)
+    let huge = arbor(
+        &[
+            &skipping[..],
+            &[
+                "--trace-block-size",
+                "4294967295",
+                "--block-size",
+                "1",
+                "--trace-length-factor",
+                "1024",
+            ],
+        ]
+        .concat(),
     );
+    refused(&huge, "more than");
 }
 
 #[test]
@@ -259,16 +258,10 @@ fn bad_flags_exit_2_with_clap_errors() {
         "--synth-system-prompt-tokens",
         "4294967295",
     ]);
-    assert_eq!(huge.status.code(), Some(1), "{}", text(&huge.stderr));
-    assert!(
-        text(&huge.stderr).contains("blocks"),
-        "{}",
-        text(&huge.stderr)
-    );
+    refused(&huge, "blocks");
     let t0 = std::time::Instant::now();
     let unwritable = arbor(&["kv", "replay", "--json", "/nonexistent-dir/r.json"]);
-    assert_eq!(unwritable.status.code(), Some(1));
-    assert!(text(&unwritable.stderr).contains("cannot write"));
+    refused(&unwritable, "cannot write");
     assert!(t0.elapsed().as_secs() < 5, "fails before running");
 }
 
