@@ -9,12 +9,16 @@
 //! may panic; both must accept or refuse each event alike (refusals are
 //! typed), answer every prefix query and block count alike, and a dump of
 //! the concurrent index must rebuild an index that answers alike too (a
-//! router replica restarts from one).
+//! router replica restarts from one). A replica is also rebuilt the way a
+//! router replica catches up: from a dump taken part way, then the events
+//! after it, the last few before it delivered again (as a stream that
+//! redelivers does); it must end equal to the index that saw the stream
+//! once.
 #![no_main]
 
 use kvindex::{
-    ConcurrentIndex, ExternalHash, KvEvent, KvEventData, KvIndexer, LocalHash, ReferenceIndex,
-    StoredBlock, WorkerKey,
+    ApplyError, ConcurrentIndex, ExternalHash, KvEvent, KvEventData, KvIndexer, LocalHash,
+    ReferenceIndex, StoredBlock, WorkerKey,
 };
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
@@ -65,18 +69,55 @@ fn same_counts(a: &dyn KvIndexer, b: &dyn KvIndexer) {
     }
 }
 
+/// What the index was given, in order, for replicas to replay.
+enum Entry {
+    /// An event and what applying it returned.
+    Event(KvEvent, std::result::Result<(), ApplyError>),
+    /// `remove_worker`.
+    Forget(WorkerKey),
+}
+
+/// A dump taken part way: where in the log, the events, and how many
+/// entries before it are delivered again.
+struct Cut {
+    at: usize,
+    dump: Vec<KvEvent>,
+    overlap: usize,
+}
+
+/// A new index from `dump` (every event accepted).
+fn rebuilt(dump: &[KvEvent]) -> ConcurrentIndex {
+    let ix = ConcurrentIndex::new();
+    for ev in dump {
+        if let Err(e) = ix.apply(ev) {
+            panic!("dump event refused: {e} ({ev:?})");
+        }
+    }
+    ix
+}
+
+/// `b` answers every query and counts every worker as `a` does.
+fn same_index(a: &dyn KvIndexer, b: &dyn KvIndexer, queries: &[Vec<LocalHash>]) {
+    same_counts(a, b);
+    for q in queries {
+        same_matches(a, b, q);
+    }
+}
+
 fn run(u: &mut Unstructured) -> Result<()> {
     let ours = ConcurrentIndex::new();
     let reference = ReferenceIndex::new();
     let mut next_id = [0u64; WORKERS.len()];
     let mut queries: Vec<Vec<LocalHash>> = Vec::new();
+    let mut log: Vec<Entry> = Vec::new();
+    let mut cut: Option<Cut> = None;
     for _ in 0..STEPS {
         if u.is_empty() {
             break;
         }
         let wi = u.choose_index(WORKERS.len())?;
         let worker = WORKERS[wi];
-        let data = match u.int_in_range(0u8..=9)? {
+        let data = match u.int_in_range(0u8..=10)? {
             0..=4 => {
                 let parent = if u.ratio(1u8, 4)? {
                     None
@@ -104,8 +145,17 @@ fn run(u: &mut Unstructured) -> Result<()> {
             8 => {
                 ours.remove_worker(worker);
                 reference.remove_worker(worker);
+                log.push(Entry::Forget(worker));
                 next_id[wi] = 0;
                 same_counts(&ours, &reference);
+                continue;
+            }
+            9 if cut.is_none() => {
+                cut = Some(Cut {
+                    at: log.len(),
+                    dump: ours.dump(),
+                    overlap: u.int_in_range(0..=6)?,
+                });
                 continue;
             }
             _ => {
@@ -132,21 +182,30 @@ fn run(u: &mut Unstructured) -> Result<()> {
         let b = reference.apply(&ev);
         assert_eq!(a, b, "results differ on {ev:?}");
         same_counts(&ours, &reference);
+        log.push(Entry::Event(ev, a));
     }
     queries.push(Vec::new());
     for q in &queries {
         same_matches(&ours, &reference, q);
     }
     // A replica rebuilt from the dump answers as the index it was taken of.
-    let rebuilt = ConcurrentIndex::new();
-    for ev in ours.dump() {
-        if let Err(e) = rebuilt.apply(&ev) {
-            panic!("dump event refused: {e} ({ev:?})");
+    same_index(&ours, &rebuilt(&ours.dump()), &queries);
+    // One that caught up from a dump taken part way: after the cut, each
+    // event returns what it returned the first time.
+    if let Some(c) = cut {
+        let replica = rebuilt(&c.dump);
+        for (i, e) in log.iter().enumerate().skip(c.at.saturating_sub(c.overlap)) {
+            match e {
+                Entry::Event(ev, first) => {
+                    let got = replica.apply(ev);
+                    if i >= c.at {
+                        assert_eq!(&got, first, "replica differs on {ev:?}");
+                    }
+                }
+                Entry::Forget(w) => replica.remove_worker(*w),
+            }
         }
-    }
-    same_counts(&ours, &rebuilt);
-    for q in &queries {
-        same_matches(&ours, &rebuilt, q);
+        same_index(&ours, &replica, &queries);
     }
     Ok(())
 }
