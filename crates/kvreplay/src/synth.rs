@@ -124,9 +124,9 @@ impl SynthConfig {
                 "more than {MAX_SYSTEM_PROMPTS} system prompts requested"
             )));
         }
-        let tokens = 1.5
-            * (f64::from(self.system_prompt_tokens)
-                + self.mean_turns * (f64::from(self.user_tokens) + f64::from(self.output_tokens)));
+        // A turn adds at least one token of each kind (`around`).
+        let turn = f64::from(self.user_tokens.max(1)) + f64::from(self.output_tokens.max(1));
+        let tokens = 1.5 * (f64::from(self.system_prompt_tokens) + self.mean_turns * turn);
         let blocks =
             self.session_rate * self.duration_s * self.mean_turns * tokens / self.block_size as f64;
         if blocks > MAX_SCALED_BLOCKS as f64 {
@@ -277,6 +277,19 @@ mod tests {
             .unwrap_err()
             .0
             .contains("system prompts"));
+        // Empty turns still add a token each way: a million-turn session of
+        // one-token blocks is 10^12 block ids, not none.
+        let long_session = SynthConfig {
+            duration_s: 1.0,
+            session_rate: 1.0,
+            mean_turns: 1e6,
+            system_prompt_tokens: 0,
+            user_tokens: 0,
+            output_tokens: 0,
+            block_size: 1,
+            ..small()
+        };
+        assert!(generate(&long_session).unwrap_err().0.contains("blocks"));
         assert!(generate(&SynthConfig::default()).is_ok());
     }
 
