@@ -117,14 +117,15 @@ impl SynthConfig {
         if self.session_rate * self.duration_s * self.mean_turns > 5e7 {
             return Err(SynthError("more than 50M requests requested".into()));
         }
-        // Refused before generating: each request holds its prompt's block
-        // ids, and prompts grow by a turn's tokens per turn.
+        // Sizes past any memory are refused before generating.
         if self.system_prompts > MAX_SYSTEM_PROMPTS {
             return Err(SynthError(format!(
                 "more than {MAX_SYSTEM_PROMPTS} system prompts requested"
             )));
         }
-        // A turn adds at least one token of each kind (`around`).
+        // Each request holds its prompt's block ids, and a session's prompt
+        // grows by a turn's tokens per turn, at least one of each kind
+        // (`around`).
         let turn = f64::from(self.user_tokens.max(1)) + f64::from(self.output_tokens.max(1));
         let tokens = 1.5 * (f64::from(self.system_prompt_tokens) + self.mean_turns * turn);
         let blocks =
