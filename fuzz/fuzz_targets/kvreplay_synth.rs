@@ -30,9 +30,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
     // Accepted, but only small ones are generated here (the generator's
     // own bounds allow gigabytes).
     let requests = cfg.session_rate * cfg.duration_s * cfg.mean_turns;
-    let turn = f64::from(cfg.user_tokens.max(1)) + f64::from(cfg.output_tokens.max(1));
-    let tokens = f64::from(cfg.system_prompt_tokens) + cfg.mean_turns * turn;
-    if requests > 2000.0 || requests * tokens / cfg.block_size as f64 > f64::from(1 << 18) {
+    if requests > 2000.0 || cfg.estimated_blocks() > f64::from(1 << 18) {
         return Ok(());
     }
     if cfg.system_prompts > 1 << 16 {

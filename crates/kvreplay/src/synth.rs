@@ -123,19 +123,26 @@ impl SynthConfig {
                 "more than {MAX_SYSTEM_PROMPTS} system prompts requested"
             )));
         }
-        // Each request holds its prompt's block ids, and a session's prompt
-        // grows by a turn's tokens per turn, at least one of each kind
-        // (`around`).
-        let turn = f64::from(self.user_tokens.max(1)) + f64::from(self.output_tokens.max(1));
-        let tokens = 1.5 * (f64::from(self.system_prompt_tokens) + self.mean_turns * turn);
-        let blocks =
-            self.session_rate * self.duration_s * self.mean_turns * tokens / self.block_size as f64;
+        let blocks = self.estimated_blocks();
         if blocks > MAX_SCALED_BLOCKS as f64 {
             return Err(SynthError(format!(
                 "the workload would hold about {blocks:.2e} blocks, more than {MAX_SCALED_BLOCKS}"
             )));
         }
         Ok(())
+    }
+}
+
+impl SynthConfig {
+    /// About how many block ids the workload holds in all, from the means
+    /// (an upper estimate: 1.5 x the mean prompt of a mean-length session
+    /// per request). Each request holds its prompt's block ids, and a
+    /// session's prompt grows by a turn's tokens per turn, at least one of
+    /// each kind (`around`).
+    pub fn estimated_blocks(&self) -> f64 {
+        let turn = f64::from(self.user_tokens.max(1)) + f64::from(self.output_tokens.max(1));
+        let tokens = 1.5 * (f64::from(self.system_prompt_tokens) + self.mean_turns * turn);
+        self.session_rate * self.duration_s * self.mean_turns * tokens / self.block_size as f64
     }
 }
 
