@@ -16,7 +16,8 @@
 //! when their result changed; change consumers, advanced part way or to
 //! the end at any time, rebuild each table exactly with strictly rising
 //! revisions, whatever was deleted in between; a collection leaves no
-//! graveyard once no consumer needs one.
+//! graveyard once no consumer needs one; a per-thread reader sees each
+//! commit, and a table's JSON dump lists what the model holds.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -24,7 +25,7 @@ use std::collections::BTreeMap;
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use statedb::{
-    AnyTable, Changes, Db, DbOptions, Error, Index, Initializer, KeyLayout, ReadTxn, Table,
+    AnyTable, Changes, Db, DbOptions, Error, Index, Initializer, KeyLayout, ReadTxn, Reader, Table,
     TableOptions, TxnRead, Watch, WriteTxn,
 };
 
@@ -48,7 +49,7 @@ const NAMES: [&str; 8] = ["", "a", "a\0", "ab", "b", "\0", "\0\0", "\u{ff}"];
 const TAGS: [&str; 5] = ["x", "x\0", "xy", "", "\0"];
 const GROUPS: [i64; 8] = [i64::MIN, -301, -300, -1, 0, 1, 256, i64::MAX];
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 struct O {
     id: u32,
     name: String,
@@ -345,8 +346,17 @@ impl Consumer {
     fn advance(&mut self, db: &Db, ts: &[T; 2], ms: &[M; 2], n: Option<usize>) {
         let r = db.read_txn();
         let end = ts[self.t].table.revision(&r).unwrap();
-        let (it, _) = self.ch.iter(&r).unwrap();
-        for c in it.take(n.unwrap_or(usize::MAX)) {
+        // All at once, copied (`next`), or borrowed and maybe cut short.
+        let got: Vec<statedb::Change<O>> = match n {
+            None if end.is_multiple_of(2) => self.ch.next(&r).unwrap().0,
+            _ => {
+                let (it, _) = self.ch.iter(&r).unwrap();
+                it.take(n.unwrap_or(usize::MAX))
+                    .map(|c| c.to_owned())
+                    .collect()
+            }
+        };
+        for c in got {
             assert!(
                 c.revision > self.last && c.revision <= end,
                 "revision order"
@@ -620,7 +630,14 @@ impl Watches {
 }
 
 /// A write transaction: locks, writes, checks, then commit, abort or drop.
-fn txn(u: &mut Unstructured, db: &Db, ts: &[T; 2], ms: &mut [M; 2], side: &mut Side) -> Result<()> {
+fn txn(
+    u: &mut Unstructured,
+    db: &Db,
+    ts: &[T; 2],
+    ms: &mut [M; 2],
+    side: &mut Side,
+    reader: &mut Reader,
+) -> Result<()> {
     let n = u.int_in_range(1..=3)?;
     let lock: Vec<usize> = (0..n)
         .map(|_| u.int_in_range(0..=1))
@@ -668,6 +685,7 @@ fn txn(u: &mut Unstructured, db: &Db, ts: &[T; 2], ms: &mut [M; 2], side: &mut S
             *ms = work;
             for (t, m) in ts.iter().zip(ms.iter()) {
                 check(t, &r, m);
+                dumped(t, reader.read_txn(), m);
             }
         }
     }
@@ -686,12 +704,15 @@ fn run(u: &mut Unstructured) -> Result<()> {
     let mut ms: [M; 2] = Default::default();
     let mut side = Side::default();
     let mut snapshots: Vec<(ReadTxn, [M; 2])> = Vec::new();
+    // Reads after each commit come through a per-thread reader, which
+    // reuses its snapshot until the database's version moves.
+    let mut reader = db.reader();
     for _ in 0..STEPS {
         if u.is_empty() {
             break;
         }
         match u.int_in_range(0..=9)? {
-            0..=4 => txn(u, &db, &ts, &mut ms, &mut side)?,
+            0..=4 => txn(u, &db, &ts, &mut ms, &mut side, &mut reader)?,
             5 | 6 if !side.consumers.is_empty() => {
                 let i = u.choose_index(side.consumers.len())?;
                 let n = if u.arbitrary()? {
@@ -730,6 +751,20 @@ fn run(u: &mut Unstructured) -> Result<()> {
     side.consumers.clear();
     collected(&db, &ts, &ms, &side);
     Ok(())
+}
+
+/// The table's JSON dump in `txn` (taken from a reader) lists the model's
+/// objects with their revisions, in primary-key order.
+fn dumped(t: &T, txn: &ReadTxn, m: &M) {
+    let v: serde_json::Value = serde_json::from_str(&t.table.to_json(txn).unwrap()).unwrap();
+    assert_eq!(v["revision"], m.rev);
+    let rows = v["objects"].as_array().unwrap();
+    assert_eq!(rows.len(), m.objs.len());
+    for (row, (o, r, _)) in rows.iter().zip(m.objs.values()) {
+        assert_eq!(row["revision"], *r);
+        assert_eq!(row["object"]["id"], o.id);
+        assert_eq!(row["object"]["name"].as_str(), Some(o.name.as_str()));
+    }
 }
 
 /// Collects, then checks that no table whose consumers have all read to
