@@ -12,12 +12,14 @@
 //! revision, a table not locked, a finished transaction; a refused write
 //! must leave the transaction as it was. Every query kind on every index
 //! reads as the model inside the transaction, in its commit's snapshot and
-//! in snapshots kept from earlier; point and prefix watches fire exactly
-//! when their result changed; change consumers, advanced part way or to
-//! the end at any time, rebuild each table exactly with strictly rising
-//! revisions, whatever was deleted in between; a collection leaves no
-//! graveyard once no consumer needs one; a per-thread reader sees each
-//! commit, and a table's JSON dump lists what the model holds.
+//! in snapshots kept from earlier; a point watch fires exactly when its
+//! object changed, a prefix watch on every change of its result (see
+//! `Watches::judge`); change consumers, advanced part way or to the end
+//! at any time, rebuild each table exactly with strictly rising revisions
+//! and inserts told from updates, whatever was deleted in between; a
+//! collection leaves no graveyard once no consumer needs one; a
+//! per-thread reader sees each commit, and a table's JSON dump lists what
+//! the model holds.
 #![no_main]
 
 use std::collections::BTreeMap;
@@ -25,8 +27,8 @@ use std::collections::BTreeMap;
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use statedb::{
-    AnyTable, Changes, Db, DbOptions, Error, Index, Initializer, KeyLayout, ReadTxn, Reader, Table,
-    TableOptions, TxnRead, Watch, WriteTxn,
+    AnyTable, ChangeKind, Changes, Db, DbOptions, Error, Index, Initializer, KeyLayout, ReadTxn,
+    Reader, Table, TableOptions, TxnRead, Watch, WriteTxn,
 };
 
 /// Steps (transactions, consumer moves, snapshots, collections) per input.
@@ -362,6 +364,13 @@ impl Consumer {
                 "revision order"
             );
             self.last = c.revision;
+            // An insert is the write that created the object.
+            let created = c.object.created_revision();
+            match c.kind {
+                ChangeKind::Insert => assert_eq!(created, c.revision, "insert"),
+                ChangeKind::Update => assert!(created < c.revision, "update"),
+                ChangeKind::Delete => {}
+            }
             if c.is_delete() {
                 self.replica.remove(&c.object.id);
             } else {
@@ -489,38 +498,40 @@ fn write(
         }
         6 | 7 => {
             let o = obj(u)?;
-            let right = u.arbitrary::<bool>()?;
             let cur = m.objs.get(&o.id).map(|x| x.1);
-            let rev = cur.map_or(1, |r| if right { r } else { r + 7 });
-            let swap = u.arbitrary::<bool>()?;
-            trace!("  compare (swap {swap}) at {rev} {o:?}");
-            let res = if swap {
-                tb.compare_and_swap(w, rev, o.clone())
-            } else {
-                tb.compare_and_delete(w, rev, &o)
+            let rev = match (cur, u.arbitrary::<bool>()?) {
+                (Some(r), true) => r,
+                (Some(r), false) => r + 7,
+                (None, _) => 1,
             };
-            // A swap's keys may be refused before the revision is read.
-            let (mut may, must) = m.refusals(t, &o);
-            may.retain(|k| swap && *k == "KeyTooLong");
-            match cur {
-                None => may.push("ObjectNotFound"),
-                Some(c) if c != rev => may.push("RevisionMismatch"),
-                Some(_) if swap => {
-                    let (may, must) = m.refusals(t, &o);
-                    if judged(&res, &may, must, "compare_and_swap") {
-                        let old = m.store(o);
-                        same_old(res.as_ref().ok(), old);
-                    }
-                    return Ok(());
+            // What a wrong revision or a missing object is refused with.
+            let wrong = if cur.is_none() {
+                "ObjectNotFound"
+            } else {
+                "RevisionMismatch"
+            };
+            trace!("  compare at {rev} (current {cur:?}) {o:?}");
+            if u.arbitrary()? {
+                let res = tb.compare_and_swap(w, rev, o.clone());
+                let (mut may, mut must) = m.refusals(t, &o);
+                if cur != Some(rev) {
+                    // Only a key past the limit may be refused first.
+                    may.retain(|k| *k == "KeyTooLong");
+                    may.push(wrong);
+                    must = true;
                 }
-                Some(_) => {
-                    let old = m.remove(o.id);
+                if judged(&res, &may, must, "compare_and_swap") {
+                    let old = m.store(o);
                     same_old(res.as_ref().ok(), old);
-                    return Ok(());
+                }
+            } else {
+                let res = tb.compare_and_delete(w, rev, &o);
+                if cur == Some(rev) {
+                    same_old(res.as_ref().ok(), m.remove(o.id));
+                } else {
+                    judged(&res, &[wrong], true, "compare_and_delete");
                 }
             }
-            let _ = must;
-            judged(&res, &may, true, "compare_and_*");
         }
         8 | 9 => {
             if wd.inits.is_empty() || u.arbitrary()? {
