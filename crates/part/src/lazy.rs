@@ -38,14 +38,31 @@ impl LazyWatch {
 
     /// The node's watch, allocated on first use.
     pub(crate) fn watch(&self) -> Watch {
+        self.inner().map_or_else(Watch::closed, Watch::from_inner)
+    }
+
+    /// A leaf's watch for prefix readers: fires with [`watch`], and also
+    /// when an insert pushes the leaf down under a new inner node, which a
+    /// key under the reader's prefix may have caused (`Txn` then copies
+    /// the leaf: see [`successor`]).
+    ///
+    /// [`watch`]: LazyWatch::watch
+    /// [`successor`]: LazyWatch::successor
+    pub(crate) fn prefix_watch(&self) -> Watch {
+        self.inner()
+            .map_or_else(Watch::closed, |w| w.narrow.watch())
+    }
+
+    /// The live watch, installed on first use; `None` once closed.
+    fn inner(&self) -> Option<Arc<WatchInner>> {
         // Acquire pairs with the Release of the CAS that published the
         // pointer, so the pointee's initialisation is visible.
         let p = self.ptr.load(Ordering::Acquire);
         if p == CLOSED {
-            return Watch::closed();
+            return None;
         }
         if !p.is_null() {
-            return Watch::from_inner(clone_raw(p));
+            return Some(clone_raw(p));
         }
         let fresh = Arc::new(WatchInner::new());
         let raw = Arc::into_raw(fresh.clone()) as *mut WatchInner;
@@ -57,17 +74,56 @@ impl LazyWatch {
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
-            Ok(_) => Watch::from_inner(fresh),
+            Ok(_) => Some(fresh),
             Err(actual) => {
                 // SAFETY: `raw` came from `Arc::into_raw` just above and was
                 // never published, so this is its only owner.
                 drop(unsafe { Arc::from_raw(raw) });
-                if actual == CLOSED {
-                    Watch::closed()
-                } else {
-                    Watch::from_inner(clone_raw(actual))
-                }
+                (actual != CLOSED).then(|| clone_raw(actual))
             }
+        }
+    }
+
+    /// The slot for a copy of this leaf that keeps its key and value (an
+    /// insert pushes the leaf down): when the leaf is watched, a watch that
+    /// also fires the leaf's point watch, so its readers still hear of the
+    /// key's next change. Returns the slot and the watch it chains (null
+    /// when none), for [`close_superseded`].
+    ///
+    /// [`close_superseded`]: LazyWatch::close_superseded
+    pub(crate) fn successor(&self) -> (LazyWatch, usize) {
+        // Acquire: we read the pointee (its `earlier` list).
+        let p = self.ptr.load(Ordering::Acquire);
+        if p.is_null() || p == CLOSED {
+            return (LazyWatch::new(), 0);
+        }
+        let prev = clone_raw(p);
+        let next = Arc::into_raw(Arc::new(WatchInner::successor(&prev)));
+        let slot = LazyWatch {
+            ptr: AtomicPtr::new(next as *mut WatchInner),
+        };
+        (slot, p as usize)
+    }
+
+    /// Closes a leaf that [`successor`] copied, after the copy is visible:
+    /// if its slot still holds the watch the copy chains (`chained`), only
+    /// that watch's `narrow` part fires, for good (the point watch fires
+    /// with the copy's); anything else (nothing chained, or a watch a reader
+    /// installed since) closes as [`close`] does.
+    ///
+    /// [`successor`]: LazyWatch::successor
+    /// [`close`]: LazyWatch::close
+    pub(crate) fn close_superseded(&self, chained: usize) {
+        // Acquire: we may dereference the pointer. A live pointer never
+        // changes while `&self` exists, so a slot that matched `chained`
+        // still does.
+        let p = self.ptr.load(Ordering::Acquire);
+        if chained != 0 && p as usize == chained {
+            // SAFETY: a live pointer stays owned by this slot while `&self`
+            // exists (only `take`/`drop` through `&mut` release it).
+            unsafe { &*p }.narrow.close();
+        } else {
+            self.close();
         }
     }
 
@@ -171,6 +227,40 @@ mod tests {
     }
 
     #[test]
+    fn a_pushed_down_leaf_hands_its_point_watch_on_and_fires_its_prefix_watch() {
+        let s = LazyWatch::new();
+        let point = s.watch();
+        let prefix = s.prefix_watch();
+        let (next, chained) = s.successor();
+        assert_ne!(chained, 0);
+        s.close_superseded(chained);
+        assert!(prefix.is_closed() && !point.is_closed());
+        assert!(
+            s.prefix_watch().is_closed(),
+            "the old leaf's prefix stays closed"
+        );
+        let later = s.watch();
+        let fresh = next.prefix_watch();
+        assert!(!fresh.is_closed());
+        // A second push: the chain reaches back to the first leaf's watch.
+        let (third, chained) = next.successor();
+        next.close_superseded(chained);
+        assert!(fresh.is_closed() && !point.is_closed());
+        third.close();
+        assert!(point.is_closed() && later.is_closed());
+    }
+
+    #[test]
+    fn an_unwatched_leaf_pushed_down_closes_whole() {
+        let s = LazyWatch::new();
+        let (next, chained) = s.successor();
+        assert_eq!(chained, 0);
+        assert!(next.is_empty());
+        s.close_superseded(chained);
+        assert!(s.watch().is_closed() && s.prefix_watch().is_closed());
+    }
+
+    #[test]
     fn take_resets_slot() {
         let mut s = LazyWatch::new();
         let a = s.watch();
@@ -196,6 +286,47 @@ mod loom_tests {
             let reader = loom::thread::spawn(move || s2.watch());
             slot.close();
             let w = reader.join().unwrap();
+            assert!(w.is_closed());
+        });
+    }
+
+    /// A reader of the old snapshot asks for a leaf's prefix watch while an
+    /// insert pushes the leaf down (copy, publish, close): the watch ends
+    /// up closed. With the leaf point-watched beforehand, that watch stays
+    /// live until the copy's fires.
+    #[test]
+    fn prefix_watch_racing_a_push_down_is_never_lost() {
+        for watched in [false, true] {
+            loom::model(move || {
+                let slot = std::sync::Arc::new(LazyWatch::new());
+                let point = watched.then(|| slot.watch());
+                let s2 = slot.clone();
+                let reader = loom::thread::spawn(move || s2.prefix_watch());
+                let (next, chained) = slot.successor();
+                slot.close_superseded(chained);
+                assert!(reader.join().unwrap().is_closed());
+                if let Some(p) = &point {
+                    assert!(!p.is_closed());
+                }
+                next.close();
+                assert!(point.is_none_or(|p| p.is_closed()));
+            });
+        }
+    }
+
+    /// A reader installs a point watch on an unwatched leaf while an insert
+    /// pushes it down: the watch is either closed at once or chained to the
+    /// copy's, so it fires by the time the copy's does.
+    #[test]
+    fn point_watch_racing_a_push_down_is_never_lost() {
+        loom::model(|| {
+            let slot = std::sync::Arc::new(LazyWatch::new());
+            let s2 = slot.clone();
+            let reader = loom::thread::spawn(move || s2.watch());
+            let (next, chained) = slot.successor();
+            slot.close_superseded(chained);
+            let w = reader.join().unwrap();
+            next.close();
             assert!(w.is_closed());
         });
     }

@@ -386,6 +386,24 @@ impl<V> Child<V> {
         }))
     }
 
+    /// A copy of the leaf `l` for an insert that pushes it down: same key
+    /// and value, and a watch slot from [`LazyWatch::successor`]; also
+    /// returns what that chained.
+    pub(crate) fn pushed_leaf(l: &Leaf<V>) -> (Self, usize)
+    where
+        V: Clone,
+    {
+        let (watch, chained) = l.h.watch.successor();
+        let leaf = Child::new(NodeRc::new_with(|| Leaf {
+            h: Header {
+                bytes: crate::bytes::small(&l.h.bytes),
+                watch,
+            },
+            value: l.value.clone(),
+        }));
+        (leaf, chained)
+    }
+
     pub(crate) fn empty_inner(segment: &[u8]) -> Self {
         Child::new(NodeRc::new_with(|| N4 {
             h: Header::new(segment),

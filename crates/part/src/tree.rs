@@ -96,8 +96,7 @@ impl<V> Tree<V> {
         if self.opts.root_only_watch {
             return (get(&self.root, key), self.root.header().watch.watch());
         }
-        let (v, n) = get_with_node(&self.root, key);
-        (v, n.header().watch.watch())
+        get_watched(&self.root, key)
     }
 
     /// Iterates the keys under `prefix` and returns a watch that fires once a
@@ -106,7 +105,7 @@ impl<V> Tree<V> {
         let w = if self.opts.root_only_watch {
             self.root.header().watch.watch()
         } else {
-            prefix_node(&self.root, prefix).header().watch.watch()
+            prefix_watch_of(&self.root, prefix)
         };
         (self.prefix(prefix), w)
     }
@@ -262,12 +261,21 @@ pub(crate) fn get_below<'a, V>(node: &'a Child<V>, key: &[u8], depth: usize) -> 
     }
 }
 
-/// Lookup that also returns the node whose watch covers the result: the
-/// leaf when found, else the deepest inner node on the key's path.
-pub(crate) fn get_with_node<'a, V>(
-    root: &'a Child<V>,
-    key: &[u8],
-) -> (Option<&'a V>, &'a Child<V>) {
+/// Lookup that also returns the watch that covers the result: the leaf's
+/// when found; for a missing key, the prefix watch of the leaf its path ends
+/// at (only an insert that pushes that leaf down can add the key), else the
+/// watch of the deepest inner node on its path.
+pub(crate) fn get_watched<'a, V>(root: &'a Child<V>, key: &[u8]) -> (Option<&'a V>, Watch) {
+    let (v, node) = get_with_node(root, key);
+    let w = match node.kind() {
+        Kind::Leaf(_) if v.is_none() => node.header().watch.prefix_watch(),
+        _ => node.header().watch.watch(),
+    };
+    (v, w)
+}
+
+/// [`get_watched`]'s walk: the value and the node whose watch covers it.
+fn get_with_node<'a, V>(root: &'a Child<V>, key: &[u8]) -> (Option<&'a V>, &'a Child<V>) {
     if let Kind::Leaf(l) = root.kind() {
         return (l.h.bytes.eq_key(key).then_some(&l.value), root);
     }
@@ -288,21 +296,19 @@ pub(crate) fn get_with_node<'a, V>(
             return (None, node);
         };
         if let Kind::Leaf(l) = child.kind() {
-            return if l.h.bytes.eq_key(key) {
-                (Some(&l.value), child)
-            } else {
-                (None, node)
-            };
+            return (l.h.bytes.eq_key(key).then_some(&l.value), child);
         }
         node = child;
     }
 }
 
-/// The inner node whose watch covers every key under `prefix`: the node the
-/// prefix ends in, or the deepest inner node on its path.
-pub(crate) fn prefix_node<'a, V>(root: &'a Child<V>, prefix: &[u8]) -> &'a Child<V> {
+/// The watch that covers every key under `prefix`: that of the inner node
+/// the prefix ends in, or the prefix watch of the leaf its path reaches (the
+/// only key under it, or none: any key under the prefix would push that leaf
+/// down), else that of the deepest inner node on its path.
+pub(crate) fn prefix_watch_of<V>(root: &Child<V>, prefix: &[u8]) -> Watch {
     if root.is_leaf() {
-        return root;
+        return root.header().watch.watch();
     }
     let mut node = root;
     let mut depth = 0;
@@ -312,14 +318,15 @@ pub(crate) fn prefix_node<'a, V>(root: &'a Child<V>, prefix: &[u8]) -> &'a Child
         if r.len() <= seg.len() || !bytes::starts_with(r, seg) {
             // The prefix ends inside this node's segment (or diverges): any
             // key under it lives here, or would split this node.
-            return node;
+            return node.header().watch.watch();
         }
         depth += seg.len();
         match node.find_child(prefix[depth]) {
-            Some(c) if !c.is_leaf() => node = c,
-            // A leaf (or nothing) below: a new key under the prefix would
-            // change this node.
-            _ => return node,
+            Some(c) if c.is_leaf() => return c.header().watch.prefix_watch(),
+            Some(c) => node = c,
+            // Nothing below: a new key under the prefix would change this
+            // node.
+            None => return node.header().watch.watch(),
         }
     }
 }

@@ -34,12 +34,28 @@ struct Recorder<V> {
     /// Superseded nodes that older snapshots may still reach. Inline for
     /// small transactions: a one-key commit allocates no list.
     nodes: SmallVec<[Child<V>; 8]>,
-    /// Live watches taken from nodes changed in place (rare: boxed to keep
-    /// `Txn` small).
-    #[allow(clippy::box_collection, reason = "one word in `Txn` instead of three")]
-    watches: Option<Box<Vec<std::sync::Arc<WatchInner>>>>,
+    /// What is rarely needed (boxed to keep `Txn` small).
+    extra: Option<Box<Extra<V>>>,
     /// Track every node (false: root only).
     all: bool,
+}
+
+/// The rarer things a commit closes.
+struct Extra<V> {
+    /// Live watches taken from nodes changed in place.
+    watches: Vec<std::sync::Arc<WatchInner>>,
+    /// Shared leaves an insert pushed down, copied; with the watch each
+    /// copy chains (`LazyWatch::close_superseded`).
+    pushed: Vec<(Child<V>, usize)>,
+}
+
+impl<V> Default for Extra<V> {
+    fn default() -> Self {
+        Extra {
+            watches: Vec::new(),
+            pushed: Vec::new(),
+        }
+    }
 }
 
 /// Closes the watches of a committed transaction; see [`Txn::commit_only`].
@@ -69,9 +85,12 @@ impl<V> Drop for Notifier<V> {
                 None => n.header().watch.close(),
             }
         }
-        if let Some(ws) = self.rec.watches.take() {
-            for w in *ws {
+        if let Some(extra) = self.rec.extra.take() {
+            for w in extra.watches {
                 w.close();
+            }
+            for (leaf, chained) in extra.pushed {
+                leaf.header().watch.close_superseded(chained);
             }
         }
     }
@@ -81,7 +100,10 @@ impl<V> std::fmt::Debug for Notifier<V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Notifier")
             .field("nodes", &self.rec.nodes.len())
-            .field("watches", &self.rec.watches.as_ref().map_or(0, |w| w.len()))
+            .field(
+                "watches",
+                &self.rec.extra.as_ref().map_or(0, |e| e.watches.len()),
+            )
             .finish()
     }
 }
@@ -143,7 +165,32 @@ impl<V: Clone> Recorder<V> {
     /// Keeps a live watch taken from a node changed in place.
     #[cold]
     fn watch(&mut self, w: std::sync::Arc<WatchInner>) {
-        self.watches.get_or_insert_with(Box::default).push(w);
+        self.extra.get_or_insert_with(Box::default).watches.push(w);
+    }
+
+    /// An insert is pushing `leaf` down under a new inner node. Its point
+    /// watch must not fire (its value stays), but its prefix watch must
+    /// (the new key may be under the prefix), and a reader of an older
+    /// snapshot may be installing either. So a shared or watched leaf is
+    /// copied: the old one is superseded (closed at commit, but for a
+    /// point watch the copy carries on), the copy gets a fresh prefix
+    /// watch. A private, unwatched leaf moves as it is.
+    #[inline(never)]
+    fn push_down(&mut self, leaf: &mut Child<V>) {
+        if let Some(NodeMut::Leaf(l)) = leaf.get_mut() {
+            if l.h.watch.is_unset() {
+                return;
+            }
+        }
+        let Kind::Leaf(l) = leaf.kind() else {
+            unreachable!("pushing down a leaf")
+        };
+        let (copy, chained) = Child::pushed_leaf(l);
+        let old = std::mem::replace(leaf, copy);
+        self.extra
+            .get_or_insert_with(Box::default)
+            .pushed
+            .push((old, chained));
     }
 
     /// Records a node leaving the tree.
@@ -173,7 +220,7 @@ impl<V: Clone> Txn<V> {
         Txn {
             rec: Recorder {
                 nodes: SmallVec::new(),
-                watches: None,
+                extra: None,
                 all: !tree.opts.root_only_watch,
             },
             root: tree.root,
@@ -294,6 +341,8 @@ impl<V: Clone> Txn<V> {
                     // watch is the tree's, and it stays as the new root's
                     // child, unchanged, so closing the watch is enough.
                     rec.nodes.push(old.clone());
+                } else if rec.all {
+                    rec.push_down(&mut old);
                 }
                 slot.place(depth + cp, old);
                 self.len += 1;

@@ -6,18 +6,27 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use event_listener::{Event, EventListener};
 
+use crate::lazy::LazyWatch;
 use crate::sync::{AtomicBool, Ordering};
 
 /// The shared state behind a live watch.
 pub(crate) struct WatchInner {
     closed: AtomicBool,
     event: Event,
+    /// A leaf's watch for prefix readers (allocated on first use): fires
+    /// with this one, and also when a key is pushed in beside the leaf
+    /// (`LazyWatch::prefix_watch`).
+    pub(crate) narrow: LazyWatch,
+    /// Point watches of earlier versions of this leaf, moved aside by an
+    /// insert without a change of value: they fire with this one. Weak: a
+    /// watch nobody holds needs no firing. Set before the leaf is published.
+    earlier: Option<Box<[Weak<WatchInner>]>>,
 }
 
 impl WatchInner {
@@ -25,6 +34,25 @@ impl WatchInner {
         WatchInner {
             closed: AtomicBool::new(false),
             event: Event::new(),
+            narrow: LazyWatch::new(),
+            earlier: None,
+        }
+    }
+
+    /// A watch for the copy of a leaf whose watch is `prev`: it fires
+    /// `prev` too (and what `prev` would fire), but has its own `narrow`.
+    pub(crate) fn successor(prev: &Arc<WatchInner>) -> Self {
+        let mut earlier: Vec<Weak<WatchInner>> = prev
+            .earlier
+            .iter()
+            .flat_map(|e| e.iter())
+            .filter(|w| w.strong_count() > 0)
+            .cloned()
+            .collect();
+        earlier.push(Arc::downgrade(prev));
+        WatchInner {
+            earlier: Some(earlier.into_boxed_slice()),
+            ..WatchInner::new()
         }
     }
 
@@ -35,6 +63,12 @@ impl WatchInner {
         // `notify` runs.
         if !self.closed.swap(true, Ordering::SeqCst) {
             self.event.notify(usize::MAX);
+            self.narrow.close();
+            for w in self.earlier.iter().flat_map(|e| e.iter()) {
+                if let Some(w) = w.upgrade() {
+                    w.close();
+                }
+            }
         }
     }
 

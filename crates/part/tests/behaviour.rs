@@ -270,6 +270,47 @@ fn watches_on_unrelated_subtrees_do_not_fire() {
     assert!(key_w.is_closed());
 }
 
+/// `node-50` .. `node-59` hang under one node as single leaves: a prefix
+/// that reaches one of them (`node-57`), or a missing key whose path ends at
+/// one (`node-571`), watches that leaf alone. Its siblings' writes leave
+/// those watches quiet; an insert under the prefix pushes the leaf down and
+/// fires them, but not the leaf's point watch, which fires at the key's
+/// next write, also for a reader of the snapshot before the push.
+#[test]
+fn a_narrow_prefix_watches_its_leaf_not_the_siblings() {
+    let keys: Vec<Vec<u8>> = (0..10).map(|i| format!("node-5{i}").into_bytes()).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(|k| k.as_slice()).collect();
+    let t = tree_of(&refs);
+    let (it, prefix_w) = t.prefix_watch(b"node-57");
+    assert_eq!(it.count(), 1);
+    let (v, point_w) = t.get_watch(b"node-57");
+    assert!(v.is_some());
+    let (v, missing_w) = t.get_watch(b"node-571");
+    assert!(v.is_none());
+    let mut txn = t.txn();
+    txn.insert(b"node-53", 1).unwrap();
+    txn.delete(b"node-58");
+    txn.insert(b"node-5a", 2).unwrap();
+    let t2 = txn.commit();
+    assert!(!prefix_w.is_closed() && !point_w.is_closed() && !missing_w.is_closed());
+    let t3 = t2.insert(b"node-571", 3).unwrap().0;
+    assert!(prefix_w.is_closed() && missing_w.is_closed());
+    assert!(!point_w.is_closed(), "node-57 kept its value");
+    // A reader of a snapshot from before the push: its prefix watch is
+    // closed at once (that snapshot's result is stale), its point watch
+    // live until the key's next write.
+    assert!(t2.prefix_watch(b"node-57").1.is_closed());
+    let old_point = t2.get_watch(b"node-57").1;
+    assert!(!old_point.is_closed());
+    let (it, new_prefix) = t3.prefix_watch(b"node-57");
+    assert_eq!(it.count(), 2);
+    let t4 = t3.insert(b"node-59", 4).unwrap().0;
+    assert!(!new_prefix.is_closed() && !point_w.is_closed() && !old_point.is_closed());
+    t4.insert(b"node-57", 5).unwrap();
+    assert!(point_w.is_closed() && old_point.is_closed() && new_prefix.is_closed());
+    check(&t4).unwrap();
+}
+
 #[test]
 fn watch_on_a_superseded_snapshot_is_already_closed() {
     let t = tree_of(&[b"k"]);

@@ -653,3 +653,106 @@ proptest! {
         check_snapshots(&snapshots, &[6, 6, 6])?;
     }
 }
+
+/// The length of the longest prefix `a` and `b` share.
+fn shared(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The longest prefix `p` shares with a key of `t` outside it; `None` when
+/// every key is under `p` (its watch is then the root's).
+fn reach(t: &Tree<u32>, p: &[u8]) -> Option<usize> {
+    t.iter()
+        .filter(|(k, _)| !k.starts_with(p))
+        .map(|(k, _)| shared(k, p))
+        .max()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Watches taken once and followed through many commits (the watched
+    /// snapshot kept or dropped). A point watch on a present key fires
+    /// exactly at the first commit that writes the key, whatever inserts
+    /// push its leaf down meanwhile. A prefix watch with a result fires by
+    /// the first commit that changes the result, and stays quiet through
+    /// commits of keys that cannot reach it: with `m` the longest prefix it
+    /// shares with a key outside it, inserts and updates sharing at most `m`
+    /// bytes with it, and deletes sharing fewer (a delete sharing `m` may
+    /// merge the prefix's node into its parent). Where the prefix reaches a
+    /// single leaf, a write to that leaf's sibling is such a write.
+    #[test]
+    fn watches_stay_quiet_for_writes_that_cannot_reach_them(
+        init in proptest::collection::vec((key(), any::<u32>()), 1..60),
+        commits in proptest::collection::vec(proptest::collection::vec(op(), 1..4), 1..12),
+        picks in proptest::collection::vec(any::<prop::sample::Index>(), 1..8),
+        cut in proptest::collection::vec(0usize..8, 1..8),
+        extra in proptest::collection::vec(key(), 0..4),
+        keep_snapshot in any::<bool>(),
+    ) {
+        let mut txn = Tree::new().txn();
+        for (k, v) in &init {
+            txn.insert(k, *v).unwrap();
+        }
+        let t0 = txn.commit();
+        let keys: Vec<Vec<u8>> = t0.iter().map(|(k, _)| k.to_vec()).collect();
+        // Points: present keys. Prefixes: present keys cut short, and others.
+        let points: Vec<Vec<u8>> = picks.iter().map(|i| i.get(&keys).clone()).collect();
+        let mut prefixes: Vec<Vec<u8>> = points
+            .iter()
+            .zip(cut.iter().cycle())
+            .map(|(k, &c)| k[..k.len().saturating_sub(c)].to_vec())
+            .collect();
+        prefixes.extend(extra);
+        let mut point_watches: Vec<(Vec<u8>, Watch, bool)> = points
+            .iter()
+            .map(|k| (k.clone(), t0.get_watch(k).1, false))
+            .collect();
+        // (prefix, watch, result when taken, m, a write that may reach it seen)
+        let mut prefix_watches: Vec<_> = prefixes
+            .iter()
+            .map(|p| {
+                let (it, w) = t0.prefix_watch(p);
+                let result = collect(it);
+                let m = reach(&t0, p);
+                let quiet = !result.is_empty() && m.is_some();
+                (p.clone(), w, result, m.unwrap_or(0), !quiet)
+            })
+            .collect();
+        let _kept = keep_snapshot.then(|| t0.clone());
+        let mut tree = t0;
+        for ops in commits {
+            let mut txn = tree.txn();
+            let mut written: Vec<(Vec<u8>, bool)> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Insert(k, v) | Op::Modify(k, v) => {
+                        txn.insert(&k, v).unwrap();
+                        written.push((k, false));
+                    }
+                    Op::Delete(k) if txn.delete(&k).is_some() => written.push((k, true)),
+                    _ => {}
+                }
+            }
+            tree = txn.commit();
+            for (k, w, fired) in &mut point_watches {
+                let hit = written.iter().any(|(x, _)| x == k);
+                if !*fired {
+                    prop_assert_eq!(w.is_closed(), hit, "point watch on {:?}", k);
+                    *fired = hit;
+                }
+            }
+            for (p, w, result, m, near) in &mut prefix_watches {
+                *near |= written.iter().any(|(k, del)| {
+                    k.starts_with(p) || shared(k, p) > *m || (*del && shared(k, p) == *m)
+                });
+                if collect(tree.prefix(p)) != *result {
+                    prop_assert!(w.is_closed(), "prefix watch on {:?} not fired", p);
+                }
+                if !*near {
+                    prop_assert!(!w.is_closed(), "prefix watch on {:?} fired for a write elsewhere", p);
+                }
+            }
+        }
+    }
+}

@@ -130,6 +130,52 @@ fn prefix_fires_only_under_its_prefix() {
     assert!(w.is_closed());
 }
 
+/// Queries whose result is one object beside many siblings (a tag only one
+/// object has, the name `n199` among `n190`..`n198`, a missing name whose
+/// path ends at `n199`): the siblings' writes leave them quiet, a write
+/// that changes the result fires them.
+#[test]
+fn narrow_queries_ignore_their_siblings() {
+    let f = fixture();
+    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+    for i in 0..200u32 {
+        let tag = format!("node-{}", 50 + i % 10);
+        f.table
+            .insert(&mut w, obj(i, &format!("n{i}"), &[tag.as_str()], 0))
+            .unwrap();
+    }
+    // The one object tagged `node-60`, beside `node-50`..`node-59`.
+    f.table
+        .insert(&mut w, obj(500, "m500", &["node-60"], 0))
+        .unwrap();
+    w.commit().unwrap();
+    drop(w);
+    let r = f.db.read_txn();
+    let (it, w_tag) = f.table.list_watch(&r, &f.by_tag, "node-60").unwrap();
+    assert_eq!(it.count(), 1);
+    let (it, w_name) = f.table.prefix_watch(&r, &f.by_name, "n199").unwrap();
+    assert_eq!(it.count(), 1);
+    let (o, w_missing) = f.table.get_watch(&r, &f.by_name, "n1999").unwrap();
+    assert!(o.is_none());
+    write(&f, obj(195, "n195", &["node-55"], 1));
+    write(&f, obj(600, "n198x", &["node-59"], 0));
+    write(&f, obj(601, "n1x", &["node-5"], 0));
+    assert!(
+        !w_tag.is_closed(),
+        "a sibling tag's write fired node-60's list"
+    );
+    assert!(
+        !w_name.is_closed(),
+        "a sibling name's write fired n199's prefix"
+    );
+    assert!(
+        !w_missing.is_closed(),
+        "a sibling name's write fired n1999's get"
+    );
+    write(&f, obj(602, "n1999", &["node-60"], 0));
+    assert!(w_tag.is_closed() && w_name.is_closed() && w_missing.is_closed());
+}
+
 #[test]
 fn table_wide_watches_fire_on_any_write() {
     let f = populated();
