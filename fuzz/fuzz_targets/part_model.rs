@@ -198,6 +198,15 @@ struct Probe {
     prefix: bool,
     watch: Watch,
     changed: bool,
+    /// With per-node watches, a point watch on a present key, or a prefix
+    /// watch with a result and a key outside it: the longest prefix it
+    /// shares with such a key (0 for a point). It must then stay quiet
+    /// unless `near`.
+    reach: Option<usize>,
+    /// The open transaction wrote a key that may fire the watch without
+    /// changing its result: a key under it, or (a prefix) an insert sharing
+    /// more than `reach` bytes with it or a delete sharing `reach`.
+    near: bool,
 }
 
 impl Probe {
@@ -217,6 +226,46 @@ fn touched(probes: &mut [Probe], k: &[u8]) {
     }
 }
 
+fn shared(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Whether a write of `k` (`delete`: one that removed it) may fire `p`.
+fn reaches(p: &Probe, k: &[u8], delete: bool) -> bool {
+    let Some(m) = p.reach else { return true };
+    if !p.prefix {
+        return k == p.key.as_slice();
+    }
+    let s = shared(k, &p.key);
+    k.starts_with(&p.key) || s > m || (delete && s == m)
+}
+
+/// Records a write of `k` in the open transaction.
+fn wrote(probes: &mut [Probe], written: &mut Vec<(Vec<u8>, bool)>, k: &[u8], delete: bool) {
+    for p in probes.iter_mut() {
+        p.near |= reaches(p, k, delete);
+    }
+    written.push((k.to_vec(), delete));
+}
+
+/// `PART_FUZZ_TRACE=1`: prints each step (for reading a failing input).
+fn tracing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("PART_FUZZ_TRACE").is_some())
+}
+
+macro_rules! trace {
+    ($($a:tt)*) => {
+        if tracing() {
+            eprintln!($($a)*);
+        }
+    };
+}
+
+fn committed_keys(m: &Model) -> Vec<&Vec<u8>> {
+    m.keys().collect()
+}
+
 fn run(u: &mut Unstructured) -> Result<()> {
     let opts = part::Options {
         root_only_watch: u.arbitrary()?,
@@ -228,6 +277,9 @@ fn run(u: &mut Unstructured) -> Result<()> {
     let mut snapshots: Vec<(Tree<V>, Model)> = Vec::new();
     let mut owned = Vec::new();
     let mut probes: Vec<Probe> = Vec::new();
+    // The open transaction's writes (a delete: one that removed its key).
+    let mut written: Vec<(Vec<u8>, bool)> = Vec::new();
+    let mut cleared = false;
 
     for step in 0..STEPS {
         if u.is_empty() {
@@ -236,25 +288,31 @@ fn run(u: &mut Unstructured) -> Result<()> {
         match u.int_in_range(0u8..=15)? {
             0..=3 => {
                 let (k, v) = (key(u)?, u.arbitrary::<u32>()?);
+                trace!("insert {k:?}");
                 let old = txn.insert(&k, Arc::new(v)).expect("short key");
                 assert_eq!(old.map(|o| *o), model.insert(k.clone(), v));
                 touched(&mut probes, &k);
+                wrote(&mut probes, &mut written, &k, false);
             }
             4 => {
                 let (k, v) = (key(u)?, u.arbitrary::<u32>()?);
                 let want = model.get(&k).map_or(v, |x| x ^ v);
+                trace!("modify {k:?}");
                 let old = txn
                     .modify(&k, |o| Arc::new(o.map_or(v, |x| **x ^ v)))
                     .expect("short key");
                 assert_eq!(old.map(|o| *o), model.insert(k.clone(), want));
                 touched(&mut probes, &k);
+                wrote(&mut probes, &mut written, &k, false);
             }
             5 | 6 => {
                 let k = key(u)?;
                 let gone = model.remove(&k);
+                trace!("delete {k:?}");
                 assert_eq!(txn.delete(&k).map(|o| *o), gone);
                 if gone.is_some() {
                     touched(&mut probes, &k);
+                    wrote(&mut probes, &mut written, &k, true);
                 }
             }
             7 => {
@@ -265,6 +323,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
                 let (lo, n) = (u.arbitrary::<u8>()?, u.int_in_range(1u16..=256)?);
                 let delete = u.ratio(1u8, 3)?;
                 let v = u.arbitrary::<u32>()?;
+                trace!("span {k:?} from {lo} x{n} delete={delete}");
                 k.push(0);
                 for i in 0..n {
                     *k.last_mut().expect("pushed") = lo.wrapping_add(i as u8);
@@ -273,6 +332,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
                         assert_eq!(txn.delete(&k).map(|o| *o), gone);
                         if gone.is_some() {
                             touched(&mut probes, &k);
+                            wrote(&mut probes, &mut written, &k, true);
                         }
                     } else {
                         let old = txn
@@ -280,6 +340,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
                             .expect("short key");
                         assert_eq!(old.map(|o| *o), model.insert(k.clone(), v ^ u32::from(i)));
                         touched(&mut probes, &k);
+                        wrote(&mut probes, &mut written, &k, false);
                     }
                 }
             }
@@ -295,23 +356,39 @@ fn run(u: &mut Unstructured) -> Result<()> {
                     );
                 }
                 tree = txn.commit();
+                trace!("commit: {:?}", committed_keys(&model));
                 for p in &probes {
                     if p.changed {
                         assert!(p.watch.is_closed(), "watch on {:?} not fired", p.key);
                     }
+                    if !p.near {
+                        assert!(
+                            !p.watch.is_closed(),
+                            "watch on {:?} (prefix: {}) fired for writes that cannot reach it: {:?}",
+                            p.key,
+                            p.prefix,
+                            written
+                        );
+                    }
                 }
                 probes.clear();
+                written.clear();
+                cleared = false;
                 committed = model.clone();
                 let (a, b) = (key(u)?, key(u)?);
                 check_tree(&tree, &committed, &a, &b);
                 txn = tree.txn();
             }
             10 => {
+                trace!("abort");
                 drop(txn);
                 txn = tree.txn();
                 model = committed.clone();
+                written.clear();
+                cleared = false;
                 for p in probes.iter_mut() {
                     p.changed = false;
+                    p.near = p.reach.is_none();
                 }
             }
             11 => {
@@ -326,10 +403,13 @@ fn run(u: &mut Unstructured) -> Result<()> {
             }
             12 => {
                 if u.ratio(1u8, 8)? {
+                    trace!("clear");
                     txn.clear();
                     model.clear();
+                    cleared = true;
                     for p in probes.iter_mut() {
                         p.changed |= committed.keys().any(|k| p.covers(k));
+                        p.near = true;
                     }
                 } else if owned.len() < 4 {
                     owned.push((txn.scan_owned(&Scan::All, false), model.clone()));
@@ -348,12 +428,29 @@ fn run(u: &mut Unstructured) -> Result<()> {
                     (if prefix { x.starts_with(&k) } else { *x == k })
                         && committed.get(x) != model.get(x)
                 });
-                probes.push(Probe {
+                let reach = if opts.root_only_watch {
+                    None
+                } else if prefix {
+                    let outside = committed
+                        .keys()
+                        .filter(|x| !x.starts_with(&k))
+                        .map(|x| shared(x, &k))
+                        .max();
+                    outside.filter(|_| committed.keys().any(|x| x.starts_with(&k)))
+                } else {
+                    committed.contains_key(&k).then_some(0)
+                };
+                trace!("watch {k:?} prefix={prefix} reach={reach:?}");
+                let mut probe = Probe {
                     key: k,
                     prefix,
                     watch,
                     changed,
-                });
+                    reach,
+                    near: reach.is_none() || cleared,
+                };
+                probe.near |= written.iter().any(|(x, d)| reaches(&probe, x, *d));
+                probes.push(probe);
             }
             _ => {
                 let (a, b) = (key(u)?, key(u)?);

@@ -105,25 +105,59 @@ impl LazyWatch {
         (slot, p as usize)
     }
 
-    /// Closes a leaf that [`successor`] copied, after the copy is visible:
-    /// if its slot still holds the watch the copy chains (`chained`), only
-    /// that watch's `narrow` part fires, for good (the point watch fires
-    /// with the copy's); anything else (nothing chained, or a watch a reader
-    /// installed since) closes as [`close`] does.
+    /// Closes a leaf that [`successor`] copied into `copy`, after the copy
+    /// is visible. If its slot still holds the watch the copy chains
+    /// (`chained`), only that watch's `narrow` part fires, for good (the
+    /// point watch fires with the copy's). A watch a reader installed after
+    /// the copy was made is handed to `copy` the same way, if `copy` has no
+    /// watch yet; else it closes, as does an unwatched slot ([`close`]).
     ///
     /// [`successor`]: LazyWatch::successor
     /// [`close`]: LazyWatch::close
-    pub(crate) fn close_superseded(&self, chained: usize) {
+    pub(crate) fn close_superseded(&self, chained: usize, copy: &LazyWatch) {
         // Acquire: we may dereference the pointer. A live pointer never
         // changes while `&self` exists, so a slot that matched `chained`
         // still does.
         let p = self.ptr.load(Ordering::Acquire);
-        if chained != 0 && p as usize == chained {
-            // SAFETY: a live pointer stays owned by this slot while `&self`
-            // exists (only `take`/`drop` through `&mut` release it).
-            unsafe { &*p }.narrow.close();
-        } else {
+        if p.is_null() || p == CLOSED {
             self.close();
+            return;
+        }
+        // SAFETY: a live pointer stays owned by this slot while `&self`
+        // exists (only `take`/`drop` through `&mut` release it).
+        let w = unsafe { &*p };
+        if p as usize == chained || copy.adopt(p) {
+            w.narrow.close();
+        } else {
+            w.close();
+        }
+    }
+
+    /// Installs, in a slot nobody watched yet, a watch that also fires the
+    /// live watch `prev` (see [`close_superseded`]); false if the slot has
+    /// a watch or is closed.
+    ///
+    /// [`close_superseded`]: LazyWatch::close_superseded
+    fn adopt(&self, prev: *mut WatchInner) -> bool {
+        if !self.ptr.load(Ordering::Acquire).is_null() {
+            return false;
+        }
+        let next = Arc::into_raw(Arc::new(WatchInner::successor(&clone_raw(prev))));
+        // AcqRel: Release publishes the new watch, as a reader's install
+        // does; Acquire on failure is not needed but keeps the pair alike.
+        match self.ptr.compare_exchange(
+            std::ptr::null_mut(),
+            next as *mut WatchInner,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => true,
+            Err(_) => {
+                // SAFETY: `next` came from `Arc::into_raw` just above and
+                // was never published.
+                drop(unsafe { Arc::from_raw(next) });
+                false
+            }
         }
     }
 
@@ -233,7 +267,7 @@ mod tests {
         let prefix = s.prefix_watch();
         let (next, chained) = s.successor();
         assert_ne!(chained, 0);
-        s.close_superseded(chained);
+        s.close_superseded(chained, &next);
         assert!(prefix.is_closed() && !point.is_closed());
         assert!(
             s.prefix_watch().is_closed(),
@@ -244,10 +278,32 @@ mod tests {
         assert!(!fresh.is_closed());
         // A second push: the chain reaches back to the first leaf's watch.
         let (third, chained) = next.successor();
-        next.close_superseded(chained);
+        next.close_superseded(chained, &third);
         assert!(fresh.is_closed() && !point.is_closed());
         third.close();
         assert!(point.is_closed() && later.is_closed());
+    }
+
+    /// A reader of the old snapshot installs a point watch between the
+    /// copy and the commit: the copy adopts it, so the key's next change
+    /// fires it, and nothing else does.
+    #[test]
+    fn a_point_watch_installed_after_the_copy_carries_on() {
+        let s = LazyWatch::new();
+        let (next, chained) = s.successor();
+        let point = s.watch();
+        let prefix = s.prefix_watch();
+        s.close_superseded(chained, &next);
+        assert!(prefix.is_closed() && !point.is_closed());
+        next.close();
+        assert!(point.is_closed());
+        // A copy already watched cannot adopt: the late watch closes.
+        let s = LazyWatch::new();
+        let (next, chained) = s.successor();
+        let late = s.watch();
+        let _new_reader = next.watch();
+        s.close_superseded(chained, &next);
+        assert!(late.is_closed());
     }
 
     #[test]
@@ -256,8 +312,9 @@ mod tests {
         let (next, chained) = s.successor();
         assert_eq!(chained, 0);
         assert!(next.is_empty());
-        s.close_superseded(chained);
+        s.close_superseded(chained, &next);
         assert!(s.watch().is_closed() && s.prefix_watch().is_closed());
+        assert!(next.is_empty());
     }
 
     #[test]
@@ -303,7 +360,7 @@ mod loom_tests {
                 let s2 = slot.clone();
                 let reader = loom::thread::spawn(move || s2.prefix_watch());
                 let (next, chained) = slot.successor();
-                slot.close_superseded(chained);
+                slot.close_superseded(chained, &next);
                 assert!(reader.join().unwrap().is_closed());
                 if let Some(p) = &point {
                     assert!(!p.is_closed());
@@ -324,10 +381,31 @@ mod loom_tests {
             let s2 = slot.clone();
             let reader = loom::thread::spawn(move || s2.watch());
             let (next, chained) = slot.successor();
-            slot.close_superseded(chained);
+            slot.close_superseded(chained, &next);
             let w = reader.join().unwrap();
             next.close();
             assert!(w.is_closed());
+        });
+    }
+
+    /// A point watch installed on the old leaf after the copy was made is
+    /// handed to the copy while a reader of the new tree installs one on
+    /// the copy: whichever wins, the reader's watch stays live and both
+    /// fire once the copy's watch does.
+    #[test]
+    fn adopting_races_a_reader_of_the_copy() {
+        loom::model(|| {
+            let slot = LazyWatch::new();
+            let (next, chained) = slot.successor();
+            let late = slot.watch();
+            let next = std::sync::Arc::new(next);
+            let n2 = next.clone();
+            let reader = loom::thread::spawn(move || n2.watch());
+            slot.close_superseded(chained, &next);
+            let fresh = reader.join().unwrap();
+            assert!(!fresh.is_closed());
+            next.close();
+            assert!(late.is_closed() && fresh.is_closed());
         });
     }
 

@@ -44,9 +44,9 @@ struct Recorder<V> {
 struct Extra<V> {
     /// Live watches taken from nodes changed in place.
     watches: Vec<std::sync::Arc<WatchInner>>,
-    /// Shared leaves an insert pushed down, copied; with the watch each
-    /// copy chains (`LazyWatch::close_superseded`).
-    pushed: Vec<(Child<V>, usize)>,
+    /// Shared leaves an insert pushed down, each with the watch its copy
+    /// chains and the copy (`LazyWatch::close_superseded`).
+    pushed: Vec<(Child<V>, usize, Child<V>)>,
 }
 
 impl<V> Default for Extra<V> {
@@ -89,8 +89,10 @@ impl<V> Drop for Notifier<V> {
             for w in extra.watches {
                 w.close();
             }
-            for (leaf, chained) in extra.pushed {
-                leaf.header().watch.close_superseded(chained);
+            for (leaf, chained, copy) in extra.pushed {
+                leaf.header()
+                    .watch
+                    .close_superseded(chained, &copy.header().watch);
             }
         }
     }
@@ -174,7 +176,11 @@ impl<V: Clone> Recorder<V> {
     /// snapshot may be installing either. So a shared or watched leaf is
     /// copied: the old one is superseded (closed at commit, but for a
     /// point watch the copy carries on), the copy gets a fresh prefix
-    /// watch. A private, unwatched leaf moves as it is.
+    /// watch. A private, unwatched leaf moves as it is. The list keeps a
+    /// handle on the copy, to hand it a point watch a reader installs on
+    /// the old leaf before the commit; a later write of the key in this
+    /// transaction then replaces the copy instead of changing it in place,
+    /// so that watch fires.
     #[inline(never)]
     fn push_down(&mut self, leaf: &mut Child<V>) {
         if let Some(NodeMut::Leaf(l)) = leaf.get_mut() {
@@ -186,11 +192,11 @@ impl<V: Clone> Recorder<V> {
             unreachable!("pushing down a leaf")
         };
         let (copy, chained) = Child::pushed_leaf(l);
-        let old = std::mem::replace(leaf, copy);
+        let old = std::mem::replace(leaf, copy.clone());
         self.extra
             .get_or_insert_with(Box::default)
             .pushed
-            .push((old, chained));
+            .push((old, chained, copy));
     }
 
     /// Records a node leaving the tree.

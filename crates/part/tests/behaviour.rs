@@ -311,6 +311,33 @@ fn a_narrow_prefix_watches_its_leaf_not_the_siblings() {
     check(&t4).unwrap();
 }
 
+/// Found by `part_model`: a point watch taken on the committed tree while
+/// an open transaction has already pushed the key's leaf down (`[0]` under
+/// `[0, 0]`) must not fire at that commit, and must fire at the key's next
+/// write, also when that write is in the same transaction.
+#[test]
+fn a_point_watch_taken_during_a_push_down_carries_on() {
+    let t = tree_of(&[b"", b"\x00"]);
+    let mut txn = t.txn();
+    txn.insert(b"\x00\x00", 1).unwrap();
+    let w = t.get_watch(b"\x00").1;
+    let t2 = txn.commit();
+    assert!(!w.is_closed(), "the key kept its value");
+    t2.insert(b"\x00", 2).unwrap();
+    assert!(w.is_closed());
+
+    let mut txn = t.txn();
+    txn.insert(b"\x00\x00", 1).unwrap();
+    let w = t.get_watch(b"\x00").1;
+    txn.insert(b"\x00", 3).unwrap();
+    let t3 = txn.commit();
+    assert!(
+        w.is_closed(),
+        "the key changed in the transaction that pushed it"
+    );
+    check(&t3).unwrap();
+}
+
 #[test]
 fn watch_on_a_superseded_snapshot_is_already_closed() {
     let t = tree_of(&[b"k"]);
