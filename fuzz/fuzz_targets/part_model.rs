@@ -198,10 +198,9 @@ struct Probe {
     prefix: bool,
     watch: Watch,
     changed: bool,
-    /// With per-node watches, a point watch on a present key, or a prefix
-    /// watch with a result and a key outside it: the longest prefix it
-    /// shares with such a key (0 for a point). It must then stay quiet
-    /// unless `near`.
+    /// With per-node watches, a point watch, or a prefix watch with a
+    /// result and a key outside it: the longest prefix it shares with such
+    /// a key (0 for a point). It must then stay quiet unless `near`.
     reach: Option<usize>,
     /// The open transaction wrote a key that may fire the watch without
     /// changing its result: a key under it, or (a prefix) an insert sharing
@@ -438,7 +437,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
                         .max();
                     outside.filter(|_| committed.keys().any(|x| x.starts_with(&k)))
                 } else {
-                    committed.contains_key(&k).then_some(0)
+                    Some(0)
                 };
                 trace!("watch {k:?} prefix={prefix} reach={reach:?}");
                 let mut probe = Probe {

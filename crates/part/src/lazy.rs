@@ -19,7 +19,7 @@
 //! commit is never lost.
 
 use crate::sync::{AtomicPtr, Ordering};
-use crate::watch::{Watch, WatchInner};
+use crate::watch::{Home, Watch, WatchInner};
 use std::sync::Arc;
 
 const CLOSED: *mut WatchInner = std::ptr::dangling_mut();
@@ -54,7 +54,7 @@ impl LazyWatch {
     }
 
     /// The live watch, installed on first use; `None` once closed.
-    fn inner(&self) -> Option<Arc<WatchInner>> {
+    pub(crate) fn inner(&self) -> Option<Arc<WatchInner>> {
         // Acquire pairs with the Release of the CAS that published the
         // pointer, so the pointee's initialisation is visible.
         let p = self.ptr.load(Ordering::Acquire);
@@ -114,22 +114,22 @@ impl LazyWatch {
     ///
     /// [`successor`]: LazyWatch::successor
     /// [`close`]: LazyWatch::close
-    pub(crate) fn close_superseded(&self, chained: usize, copy: &LazyWatch) {
+    pub(crate) fn close_superseded(&self, chained: usize, copy: &LazyWatch, home: Home<'_>) {
         // Acquire: we may dereference the pointer. A live pointer never
         // changes while `&self` exists, so a slot that matched `chained`
         // still does.
         let p = self.ptr.load(Ordering::Acquire);
         if p.is_null() || p == CLOSED {
-            self.close();
+            self.close_with(home);
             return;
         }
         // SAFETY: a live pointer stays owned by this slot while `&self`
         // exists (only `take`/`drop` through `&mut` release it).
         let w = unsafe { &*p };
         if p as usize == chained || copy.adopt(p) {
-            w.narrow.close();
+            w.narrow.close_with(home);
         } else {
-            w.close();
+            w.close_with(home);
         }
     }
 
@@ -163,7 +163,16 @@ impl LazyWatch {
 
     /// Marks the node superseded: fires its watch, or makes any later one
     /// start closed.
+    #[cfg(test)]
     pub(crate) fn close(&self) {
+        self.close_with(None);
+    }
+
+    /// [`close`], handing missing-key watches to `home` (see
+    /// [`WatchInner::close_with`]).
+    ///
+    /// [`close`]: LazyWatch::close
+    pub(crate) fn close_with(&self, home: Home<'_>) {
         // AcqRel: on failure we dereference a pointer another thread
         // published (Acquire); on success later readers must see CLOSED.
         match self.ptr.compare_exchange(
@@ -177,9 +186,18 @@ impl LazyWatch {
             Err(p) => {
                 // SAFETY: a live pointer stays owned by this slot while `&self`
                 // exists (only `take`/`drop` through `&mut` release it).
-                unsafe { &*p }.close();
+                unsafe { &*p }.close_with(home);
             }
         }
+    }
+
+    /// Whether a live watch is here (a hint: a reader may install one
+    /// right after).
+    #[inline]
+    pub(crate) fn is_watched(&self) -> bool {
+        // Relaxed: a hint, and nothing is read through the pointer.
+        let p = self.ptr.load(Ordering::Relaxed);
+        !p.is_null() && p != CLOSED
     }
 
     /// Whether nothing was ever allocated here.
@@ -267,7 +285,7 @@ mod tests {
         let prefix = s.prefix_watch();
         let (next, chained) = s.successor();
         assert_ne!(chained, 0);
-        s.close_superseded(chained, &next);
+        s.close_superseded(chained, &next, None);
         assert!(prefix.is_closed() && !point.is_closed());
         assert!(
             s.prefix_watch().is_closed(),
@@ -278,7 +296,7 @@ mod tests {
         assert!(!fresh.is_closed());
         // A second push: the chain reaches back to the first leaf's watch.
         let (third, chained) = next.successor();
-        next.close_superseded(chained, &third);
+        next.close_superseded(chained, &third, None);
         assert!(fresh.is_closed() && !point.is_closed());
         third.close();
         assert!(point.is_closed() && later.is_closed());
@@ -293,7 +311,7 @@ mod tests {
         let (next, chained) = s.successor();
         let point = s.watch();
         let prefix = s.prefix_watch();
-        s.close_superseded(chained, &next);
+        s.close_superseded(chained, &next, None);
         assert!(prefix.is_closed() && !point.is_closed());
         next.close();
         assert!(point.is_closed());
@@ -302,7 +320,7 @@ mod tests {
         let (next, chained) = s.successor();
         let late = s.watch();
         let _new_reader = next.watch();
-        s.close_superseded(chained, &next);
+        s.close_superseded(chained, &next, None);
         assert!(late.is_closed());
     }
 
@@ -312,7 +330,7 @@ mod tests {
         let (next, chained) = s.successor();
         assert_eq!(chained, 0);
         assert!(next.is_empty());
-        s.close_superseded(chained, &next);
+        s.close_superseded(chained, &next, None);
         assert!(s.watch().is_closed() && s.prefix_watch().is_closed());
         assert!(next.is_empty());
     }
@@ -360,7 +378,7 @@ mod loom_tests {
                 let s2 = slot.clone();
                 let reader = loom::thread::spawn(move || s2.prefix_watch());
                 let (next, chained) = slot.successor();
-                slot.close_superseded(chained, &next);
+                slot.close_superseded(chained, &next, None);
                 assert!(reader.join().unwrap().is_closed());
                 if let Some(p) = &point {
                     assert!(!p.is_closed());
@@ -381,7 +399,7 @@ mod loom_tests {
             let s2 = slot.clone();
             let reader = loom::thread::spawn(move || s2.watch());
             let (next, chained) = slot.successor();
-            slot.close_superseded(chained, &next);
+            slot.close_superseded(chained, &next, None);
             let w = reader.join().unwrap();
             next.close();
             assert!(w.is_closed());
@@ -401,7 +419,7 @@ mod loom_tests {
             let next = std::sync::Arc::new(next);
             let n2 = next.clone();
             let reader = loom::thread::spawn(move || n2.watch());
-            slot.close_superseded(chained, &next);
+            slot.close_superseded(chained, &next, None);
             let fresh = reader.join().unwrap();
             assert!(!fresh.is_closed());
             next.close();

@@ -5,8 +5,9 @@ use std::ops::RangeBounds;
 use crate::iter::{IntoIter, Iter, Scan, ScanRef};
 use crate::node::{Child, Kind};
 use crate::txn::Txn;
-use crate::watch::Watch;
+use crate::watch::{Watch, WatchInner};
 use crate::{bytes, Error};
+use std::sync::Arc;
 
 /// How a tree hands out watches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -267,11 +268,33 @@ pub(crate) fn get_below<'a, V>(node: &'a Child<V>, key: &[u8], depth: usize) -> 
 /// watch of the deepest inner node on its path.
 pub(crate) fn get_watched<'a, V>(root: &'a Child<V>, key: &[u8]) -> (Option<&'a V>, Watch) {
     let (v, node) = get_with_node(root, key);
-    let w = match node.kind() {
-        Kind::Leaf(_) if v.is_none() => node.header().watch.prefix_watch(),
-        _ => node.header().watch.watch(),
-    };
-    (v, w)
+    if v.is_some() {
+        return (v, node.header().watch.watch());
+    }
+    let w = gap_home(node).map_or_else(Watch::closed, |at| at.gap_watch(key));
+    (None, w)
+}
+
+/// The watch that keeps the watches on missing keys whose path ends at
+/// `node`: an inner node's own, a leaf's prefix watch (installed if need
+/// be); `None` once the node is superseded.
+fn gap_home<V>(node: &Child<V>) -> Option<Arc<WatchInner>> {
+    let slot = &node.header().watch;
+    match node.kind() {
+        Kind::Leaf(_) => slot.inner()?.narrow.inner(),
+        _ => slot.inner(),
+    }
+}
+
+/// Moves the watch `w` on the missing key `key`, whose node a commit
+/// superseded, to where the key's path ends in the committed tree `root`;
+/// fires it if the commit inserted the key.
+pub(crate) fn rehome<V>(root: &Child<V>, key: Box<[u8]>, w: Arc<WatchInner>) {
+    let (v, node) = get_with_node(root, &key);
+    match v.is_none().then(|| gap_home(node)).flatten() {
+        Some(at) => at.adopt_gap(key, w),
+        None => w.close(),
+    }
 }
 
 /// [`get_watched`]'s walk: the value and the node whose watch covers it.

@@ -16,7 +16,7 @@ use crate::finger::Finger;
 use crate::iter::{IntoIter, Iter, Scan, ScanRef};
 use crate::node::{Child, Kind, NodeMut};
 use crate::tree::{get, get_below, range_scan, Options, Tree};
-use crate::watch::WatchInner;
+use crate::watch::{Home, WatchInner};
 use crate::{Error, MAX_KEY_LEN};
 
 /// A write transaction over a [`Tree`]. Dropping it without [`Txn::commit`]
@@ -62,6 +62,9 @@ impl<V> Default for Extra<V> {
 /// Dropping it notifies too, so no watch is ever lost.
 pub struct Notifier<V> {
     rec: Recorder<V>,
+    /// The committed tree's root, kept when a superseded node was watched
+    /// at commit: its missing-key watches move there (see `rehome`).
+    home: Option<Child<V>>,
 }
 
 impl<V> Notifier<V> {
@@ -71,6 +74,13 @@ impl<V> Notifier<V> {
 
 impl<V> Drop for Notifier<V> {
     fn drop(&mut self) {
+        let root = self.home.take();
+        let move_gap = |k: Box<[u8]>, w: std::sync::Arc<WatchInner>| {
+            if let Some(root) = &root {
+                crate::tree::rehome(root, k, w);
+            }
+        };
+        let home: Home<'_> = root.is_some().then_some(&move_gap);
         for mut n in self.rec.nodes.drain(..) {
             match n.get_mut() {
                 // The last reference: no snapshot reaches the node, so no
@@ -79,20 +89,20 @@ impl<V> Drop for Notifier<V> {
                 // lazy watch protocol").
                 Some(node) => {
                     if let Some(w) = node.take_watch() {
-                        w.close();
+                        w.close_with(home);
                     }
                 }
-                None => n.header().watch.close(),
+                None => n.header().watch.close_with(home),
             }
         }
         if let Some(extra) = self.rec.extra.take() {
             for w in extra.watches {
-                w.close();
+                w.close_with(home);
             }
             for (leaf, chained, copy) in extra.pushed {
                 leaf.header()
                     .watch
-                    .close_superseded(chained, &copy.header().watch);
+                    .close_superseded(chained, &copy.header().watch, home);
             }
         }
     }
@@ -162,6 +172,14 @@ impl<V: Clone> Recorder<V> {
         if self.all || is_root {
             self.nodes.push(old);
         }
+    }
+
+    /// Whether a node this transaction superseded holds a watch (which may
+    /// hold missing-key watches to move into the new tree): a hint, read
+    /// at commit; a missing-key watch installed after it fires at commit.
+    fn watched(&self) -> bool {
+        self.all
+            && (self.extra.is_some() || self.nodes.iter().any(|n| n.header().watch.is_watched()))
     }
 
     /// Keeps a live watch taken from a node changed in place.
@@ -595,12 +613,19 @@ impl<V: Clone> Txn<V> {
     /// [`Notifier::notify`] (or drop it) so watchers see the new state.
     pub fn commit_only(mut self) -> (Tree<V>, Notifier<V>) {
         compress_root(&mut self.rec, &mut self.root);
+        let home = self.rec.watched().then(|| self.root.clone());
         let tree = Tree {
             root: self.root,
             len: self.len,
             opts: self.opts,
         };
-        (tree, Notifier { rec: self.rec })
+        (
+            tree,
+            Notifier {
+                rec: self.rec,
+                home,
+            },
+        )
     }
 }
 

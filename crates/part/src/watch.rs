@@ -6,7 +6,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,23 @@ pub(crate) struct WatchInner {
     /// insert without a change of value: they fire with this one. Weak: a
     /// watch nobody holds needs no firing. Set before the leaf is published.
     earlier: Option<Box<[Weak<WatchInner>]>>,
+    /// Watches on keys missing from the tree whose path ends at this
+    /// watch's node: when the node is superseded, the commit hands each to
+    /// the node its key's path ends at in the new tree, and fires only
+    /// those whose key it inserted (`Notifier`).
+    gaps: Mutex<Gaps>,
 }
+
+/// A watch's missing-key watches.
+#[derive(Default)]
+struct Gaps {
+    /// Closed: later missing-key readers get a closed watch.
+    done: bool,
+    list: Vec<(Box<[u8]>, Arc<WatchInner>)>,
+}
+
+/// Where a superseded node's missing-key watches go (`Notifier`).
+pub(crate) type Home<'a> = Option<&'a dyn Fn(Box<[u8]>, Arc<WatchInner>)>;
 
 impl WatchInner {
     pub(crate) fn new() -> Self {
@@ -36,6 +52,39 @@ impl WatchInner {
             event: Event::new(),
             narrow: LazyWatch::new(),
             earlier: None,
+            gaps: Mutex::default(),
+        }
+    }
+
+    fn gaps(&self) -> std::sync::MutexGuard<'_, Gaps> {
+        // The lock guards no invariant a panic could break half way.
+        self.gaps.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A watch on `key`, missing from the tree, whose path ends at this
+    /// watch's node: closed if the node is.
+    pub(crate) fn gap_watch(&self, key: &[u8]) -> Watch {
+        let mut g = self.gaps();
+        if g.done {
+            return Watch::closed();
+        }
+        if let Some((_, w)) = g.list.iter().find(|(k, _)| **k == *key) {
+            return Watch::from_inner(w.clone());
+        }
+        let w = Arc::new(WatchInner::new());
+        g.list.push((key.into(), w.clone()));
+        Watch::from_inner(w)
+    }
+
+    /// Takes on the missing-key watch `w` on `key`; fires it at once if
+    /// this watch's node is already superseded.
+    pub(crate) fn adopt_gap(&self, key: Box<[u8]>, w: Arc<WatchInner>) {
+        let mut g = self.gaps();
+        if g.done {
+            drop(g);
+            w.close();
+        } else {
+            g.list.push((key, w));
         }
     }
 
@@ -58,15 +107,34 @@ impl WatchInner {
 
     /// Closes the watch and wakes every waiter.
     pub(crate) fn close(&self) {
+        self.close_with(None);
+    }
+
+    /// [`close`], handing this watch's missing-key watches (and its
+    /// `narrow` watch's) to `home` instead of firing them.
+    ///
+    /// [`close`]: WatchInner::close
+    pub(crate) fn close_with(&self, home: Home<'_>) {
+        let gaps = {
+            let mut g = self.gaps();
+            g.done = true;
+            std::mem::take(&mut g.list)
+        };
+        for (k, w) in gaps {
+            match home {
+                Some(h) => h(k, w),
+                None => w.close(),
+            }
+        }
+        self.narrow.close_with(home);
         // SeqCst pairs with the SeqCst load after `listen()` in `poll_closed`:
         // either the waiter sees the flag or its listener is registered before
         // `notify` runs.
         if !self.closed.swap(true, Ordering::SeqCst) {
             self.event.notify(usize::MAX);
-            self.narrow.close();
             for w in self.earlier.iter().flat_map(|e| e.iter()) {
                 if let Some(w) = w.upgrade() {
-                    w.close();
+                    w.close_with(home);
                 }
             }
         }

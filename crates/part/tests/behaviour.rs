@@ -447,7 +447,11 @@ fn concurrent_watchers_never_miss_a_commit() {
                 if !w.wait_timeout(Duration::from_secs(2)) {
                     // Only the final snapshot may stay unfired.
                     let latest = published.lock().unwrap().clone();
-                    assert!(latest.ptr_eq(&snap), "watch lost on a superseded snapshot");
+                    assert!(
+                        latest.ptr_eq(&snap),
+                        "watch lost on a superseded snapshot (reader {r}, ke present: {})",
+                        snap.get(b"ke").is_some()
+                    );
                     return waited;
                 }
                 waited += 1;
@@ -468,14 +472,25 @@ fn concurrent_watchers_never_miss_a_commit() {
         let mut txn = cur.txn();
         txn.insert(b"key", i).unwrap();
         txn.insert(&i.to_be_bytes(), i).unwrap();
+        // Every commit changes `ke` too, missing and present by turns.
+        if i % 2 == 0 {
+            txn.insert(b"ke", i).unwrap();
+        } else {
+            txn.delete(b"ke");
+        }
         let (next, notifier) = txn.commit_only();
         *published.lock().unwrap() = next;
         notifier.notify();
     }
     stop.store(true, std::sync::atomic::Ordering::Release);
-    // Wake readers blocked on the final snapshot.
+    // Wake readers blocked on the final snapshot: change `key` and `ke`.
     let cur = published.lock().unwrap().clone();
-    *published.lock().unwrap() = cur.insert(b"key", 0).unwrap().0;
+    let mut txn = cur.txn();
+    txn.insert(b"key", 0).unwrap();
+    if txn.delete(b"ke").is_none() {
+        txn.insert(b"ke", 0).unwrap();
+    }
+    *published.lock().unwrap() = txn.commit();
     for r in readers {
         assert!(r.join().unwrap() > 0);
     }
@@ -748,18 +763,22 @@ fn deletes_of_a_large_txn_keep_snapshots_and_watches_right() {
 fn a_delete_under_a_watched_node_the_txn_owns_alone_fires_its_watch() {
     let key = seventh;
     let t0 = sevenths(2_000);
-    // A missing key's watch is its deepest node's: the node256 that holds
-    // `key(500)` too.
-    let (_, node_w) = t0.get_watch(&(500u64 * 7 + 1).to_be_bytes());
-    let (_, other_w) = t0.get_watch(&(1900u64 * 7 + 1).to_be_bytes());
+    // The node256 that holds `key(500)`: its prefix's watch is the node's.
+    let (_, node_w) = t0.prefix_watch(&key(500)[..7]);
+    let (_, other_w) = t0.prefix_watch(&key(1900)[..7]);
+    // A missing key beside it: its watch moves to the new node, unfired.
+    let (_, missing_w) = t0.get_watch(&(500u64 * 7 + 1).to_be_bytes());
     // With the snapshot gone the transaction is the only owner of every
     // node on the path, and the watched one still holds its watch.
     let mut txn = t0.txn();
     drop(t0);
     assert_eq!(txn.delete(&key(500)), Some(500));
-    txn.commit();
+    let t1 = txn.commit();
     assert!(node_w.is_closed());
     assert!(!other_w.is_closed());
+    assert!(!missing_w.is_closed(), "the missing key stayed missing");
+    t1.insert(&(500u64 * 7 + 1).to_be_bytes(), 1).unwrap();
+    assert!(missing_w.is_closed());
 }
 
 /// Versions that share most of their nodes, dropped on several threads at

@@ -527,6 +527,7 @@ proptest! {
         for (ops, action, probe) in &batches {
             let probe_key = vec![*probe];
             let watch = tree.get_watch(&probe_key).1;
+            let present = tree.get(&probe_key).is_some();
             let mut txn = tree.txn();
             // Drop the old tree first: the lenders of the nodes this
             // transaction flattens are then held by their borrowers alone.
@@ -549,6 +550,8 @@ proptest! {
                     _ => prop_assert_eq!(txn.delete(&k), model.remove(&k)),
                 }
             }
+            // A missing key's watch fires once the key is there.
+            let probe_written = if present { probe_written } else { model.contains_key(&probe_key) };
             let probe_watch = (&watch, probe_written);
             tree = commit_checked(txn, probe_watch, &model, &[200, 1], *action, *probe, &mut snapshots)?;
         }
@@ -585,6 +588,7 @@ proptest! {
         for (ops, action, probe) in &txns {
             let probe_key = vec![*probe % 24];
             let watch = tree.get_watch(&probe_key).1;
+            let present = tree.get(&probe_key).is_some();
             let mut txn = tree.txn();
             if *action == 1 {
                 drop(std::mem::replace(&mut tree, Tree::new()));
@@ -595,6 +599,8 @@ proptest! {
                 probe_written |= k == probe_key && (*op < 4 || model.contains_key(&k));
                 apply(&mut txn, &mut model, *op, k, *v)?;
             }
+            // A missing key's watch fires once the key is there.
+            let probe_written = if present { probe_written } else { model.contains_key(&probe_key) };
             let probe_watch = (&watch, probe_written);
             tree = commit_checked(txn, probe_watch, &model, &[20, 1], *action, *probe, &mut snapshots)?;
         }
@@ -632,6 +638,7 @@ proptest! {
         for (ops, action, probe) in &txns {
             let probe_key = vec![*probe % 3];
             let watch = tree.get_watch(&probe_key).1;
+            let present = tree.get(&probe_key).is_some();
             let mut txn = tree.txn();
             if *action == 1 {
                 drop(std::mem::replace(&mut tree, Tree::new()));
@@ -647,6 +654,8 @@ proptest! {
                 probe_written |= k == probe_key && (*op < 4 || model.contains_key(&k));
                 apply(&mut txn, &mut model, *op, k, *v)?;
             }
+            // A missing key's watch fires once the key is there.
+            let probe_written = if present { probe_written } else { model.contains_key(&probe_key) };
             let probe_watch = (&watch, probe_written);
             tree = commit_checked(txn, probe_watch, &model, &[6, 6, 6], *action, *probe, &mut snapshots)?;
         }
@@ -674,7 +683,8 @@ proptest! {
     /// Watches taken once and followed through many commits (the watched
     /// snapshot kept or dropped). A point watch on a present key fires
     /// exactly at the first commit that writes the key, whatever inserts
-    /// push its leaf down meanwhile. A prefix watch with a result fires by
+    /// push its leaf down meanwhile; one on a missing key exactly at the
+    /// first commit that inserts it. A prefix watch with a result fires by
     /// the first commit that changes the result, and stays quiet through
     /// commits of keys that cannot reach it: with `m` the longest prefix it
     /// shares with a key outside it, inserts and updates sharing at most `m`
@@ -703,9 +713,16 @@ proptest! {
             .zip(cut.iter().cycle())
             .map(|(k, &c)| k[..k.len().saturating_sub(c)].to_vec())
             .collect();
-        prefixes.extend(extra);
+        prefixes.extend(extra.iter().cloned());
         let mut point_watches: Vec<(Vec<u8>, Watch, bool)> = points
             .iter()
+            .map(|k| (k.clone(), t0.get_watch(k).1, false))
+            .collect();
+        // Missing keys: their watches fire at the commit that inserts them.
+        let mut missing_watches: Vec<(Vec<u8>, Watch, bool)> = extra
+            .iter()
+            .chain(&prefixes)
+            .filter(|k| t0.get(k).is_none())
             .map(|k| (k.clone(), t0.get_watch(k).1, false))
             .collect();
         // (prefix, watch, result when taken, m, a write that may reach it seen)
@@ -739,6 +756,14 @@ proptest! {
                 let hit = written.iter().any(|(x, _)| x == k);
                 if !*fired {
                     prop_assert_eq!(w.is_closed(), hit, "point watch on {:?}", k);
+                    *fired = hit;
+                }
+            }
+            for (k, w, fired) in &mut missing_watches {
+                // Missing until now: inserted by this commit, or still missing.
+                let hit = tree.get(k).is_some();
+                if !*fired {
+                    prop_assert_eq!(w.is_closed(), hit, "watch on missing {:?}", k);
                     *fired = hit;
                 }
             }

@@ -64,14 +64,27 @@ fn watches_of_a_dropped_snapshot_fire() {
     assert!(!w_other.is_closed());
 }
 
+/// A missing key's watch fires when the key is inserted, and not for the
+/// writes beside it (ids 199, 150 and 1001 share its node or its parent;
+/// a transaction that inserts it and deletes it again leaves it missing).
 #[test]
 fn missing_key_fires_on_insert() {
     let f = populated();
     let r = f.db.read_txn();
     let (o, w) = f.table.get_watch(&r, &f.by_id, &1000).unwrap();
     assert!(o.is_none());
-    write(&f, obj(1000, "new", &[], 0));
-    assert!(w.is_closed());
+    let (_, w_name) = f.table.get_watch(&r, &f.by_name, "n1000").unwrap();
+    write(&f, obj(199, "n199", &["odd"], 4));
+    write(&f, obj(150, "n150b", &["even"], 0));
+    write(&f, obj(1001, "n1001", &[], 0));
+    let mut t = f.db.write_txn(&[&f.table]).unwrap();
+    f.table.insert(&mut t, obj(1000, "n1000", &[], 0)).unwrap();
+    f.table.delete_key(&mut t, &1000u32).unwrap();
+    t.commit().unwrap();
+    assert!(!w.is_closed(), "writes beside a missing key fired its watch");
+    assert!(!w_name.is_closed());
+    write(&f, obj(1000, "n1000", &[], 0));
+    assert!(w.is_closed() && w_name.is_closed());
 }
 
 #[test]
