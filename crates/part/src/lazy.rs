@@ -427,6 +427,32 @@ mod loom_tests {
         });
     }
 
+    /// A reader asks for a missing-key watch on a node while the commit
+    /// that superseded the node closes it, moving its missing-key watches
+    /// to the new tree: the reader's watch is closed at once, or moved
+    /// (and still open, for the new tree's node to fire).
+    #[test]
+    fn gap_watch_racing_a_commit_is_moved_or_closed() {
+        loom::model(|| {
+            let slot = std::sync::Arc::new(LazyWatch::new());
+            let s2 = slot.clone();
+            let reader = loom::thread::spawn(move || {
+                s2.inner().map_or_else(Watch::closed, |w| w.gap_watch(b"k"))
+            });
+            let moved = std::sync::Mutex::new(Vec::new());
+            let home = |k: Box<[u8]>, w: Arc<WatchInner>| moved.lock().unwrap().push((k, w));
+            slot.close_with(Some(&home));
+            let w = reader.join().unwrap();
+            let moved = moved.into_inner().unwrap();
+            assert!(moved.len() <= 1 && moved.iter().all(|(k, _)| &**k == b"k"));
+            assert_eq!(w.is_closed(), moved.is_empty());
+            for (_, m) in moved {
+                m.close();
+            }
+            assert!(w.is_closed());
+        });
+    }
+
     /// Two readers racing to install: both get the same (single) allocation,
     /// and a close afterwards fires both.
     #[test]

@@ -6,14 +6,14 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, PoisonError, Weak};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use event_listener::{Event, EventListener};
 
 use crate::lazy::LazyWatch;
-use crate::sync::{AtomicBool, Ordering};
+use crate::sync::{AtomicBool, Mutex, Ordering};
 
 /// The shared state behind a live watch.
 pub(crate) struct WatchInner {
@@ -52,11 +52,11 @@ impl WatchInner {
             event: Event::new(),
             narrow: LazyWatch::new(),
             earlier: None,
-            gaps: Mutex::default(),
+            gaps: Mutex::new(Gaps::default()),
         }
     }
 
-    fn gaps(&self) -> std::sync::MutexGuard<'_, Gaps> {
+    fn gaps(&self) -> impl std::ops::DerefMut<Target = Gaps> + '_ {
         // The lock guards no invariant a panic could break half way.
         self.gaps.lock().unwrap_or_else(PoisonError::into_inner)
     }

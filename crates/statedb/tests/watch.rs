@@ -81,7 +81,10 @@ fn missing_key_fires_on_insert() {
     f.table.insert(&mut t, obj(1000, "n1000", &[], 0)).unwrap();
     f.table.delete_key(&mut t, &1000u32).unwrap();
     t.commit().unwrap();
-    assert!(!w.is_closed(), "writes beside a missing key fired its watch");
+    assert!(
+        !w.is_closed(),
+        "writes beside a missing key fired its watch"
+    );
     assert!(!w_name.is_closed());
     write(&f, obj(1000, "n1000", &[], 0));
     assert!(w.is_closed() && w_name.is_closed());
