@@ -604,13 +604,12 @@ impl Watches {
         );
     }
 
-    /// A watch fires when its result changed. A point watch on a present
-    /// key fires for nothing else. The watch of an absent key, and of a
-    /// prefix, is an inner node's above it (part's design, "What fires"),
-    /// which writes beside the result may replace: a sibling of the one
-    /// leaf a prefix reaches, a key that splits a segment running past the
-    /// prefix's end, an insert the same transaction deleted again. They
-    /// must stay quiet only while the table is not written.
+    /// A watch fires when its result changed. A point watch, on a present
+    /// key or an absent one, fires for nothing else. A prefix's watch may
+    /// also fire for some writes beside its result (part's design, "What
+    /// fires": a key that splits a segment running past the prefix's end,
+    /// an insert the same transaction deleted again, ...): it must stay
+    /// quiet only while the table is not written.
     fn judge(&self, before: &[M; 2], after: &[M; 2]) {
         for (ti, id, w) in &self.points {
             let (old, new) = (before[*ti].objs.get(id), after[*ti].objs.get(id));
@@ -619,7 +618,7 @@ impl Watches {
                     w.is_closed(),
                     "table {ti} id {id} changed, its watch did not fire"
                 );
-            } else if old.is_some() {
+            } else {
                 assert!(
                     !w.is_closed(),
                     "table {ti} id {id} unchanged, its watch fired"

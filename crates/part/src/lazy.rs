@@ -17,6 +17,12 @@
 //! the writer's (the writer sees and closes the live watch) or follows it
 //! (the reader sees `CLOSED` or a closed watch): a watch asked for during a
 //! commit is never lost.
+//!
+//! A leaf's slot also hands over: when an insert pushes the leaf down, the
+//! copy's slot gets a watch that fires the old one's (`successor`,
+//! `close_superseded`). And a watch carries lists the notifier moves to
+//! the committed tree (missing-key watches, `watch.rs`). design.md, "What
+//! fires", has the rules.
 
 use crate::sync::{AtomicPtr, Ordering};
 use crate::watch::{Home, Watch, WatchInner};
@@ -87,8 +93,8 @@ impl LazyWatch {
     /// The slot for a copy of this leaf that keeps its key and value (an
     /// insert pushes the leaf down): when the leaf is watched, a watch that
     /// also fires the leaf's point watch, so its readers still hear of the
-    /// key's next change. Returns the slot and the watch it chains (null
-    /// when none), for [`close_superseded`].
+    /// key's next change. Returns the slot and the address of the watch
+    /// it chains (0 when none), for [`close_superseded`].
     ///
     /// [`close_superseded`]: LazyWatch::close_superseded
     pub(crate) fn successor(&self) -> (LazyWatch, usize) {
@@ -143,13 +149,14 @@ impl LazyWatch {
             return false;
         }
         let next = Arc::into_raw(Arc::new(WatchInner::successor(&clone_raw(prev))));
-        // AcqRel: Release publishes the new watch, as a reader's install
-        // does; Acquire on failure is not needed but keeps the pair alike.
+        // Release publishes the new watch, as a reader's install does
+        // (AcqRel: the success ordering of a read-modify-write); on failure
+        // nothing is read through the pointer found, so Relaxed.
         match self.ptr.compare_exchange(
             std::ptr::null_mut(),
             next as *mut WatchInner,
             Ordering::AcqRel,
-            Ordering::Acquire,
+            Ordering::Relaxed,
         ) {
             Ok(_) => true,
             Err(_) => {
