@@ -175,10 +175,13 @@ impl<V: Clone> Recorder<V> {
     }
 
     /// Whether a node this transaction superseded holds a watch (which may
-    /// hold missing-key watches to move into the new tree): a hint, read
-    /// at commit; a missing-key watch installed after it fires at commit.
+    /// hold missing-key watches to move into the new tree), while any
+    /// missing-key watch exists: a hint, read at commit; a missing-key
+    /// watch installed after it fires at commit.
+    #[inline]
     fn watched(&self) -> bool {
         self.all
+            && crate::watch::gaps_exist()
             && (self.extra.is_some() || self.nodes.iter().any(|n| n.header().watch.is_watched()))
     }
 

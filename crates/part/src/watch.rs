@@ -45,6 +45,42 @@ struct Gaps {
     list: ThinVec<(Box<[u8]>, Arc<WatchInner>)>,
 }
 
+/// How many watches hold missing-key watches, process-wide: while none do,
+/// a commit need not look for them (`Txn::commit_only`). A hint: a list
+/// filled right after the look is closed, not moved, at that commit.
+/// (std's atomic under loom too: nothing is read through it.)
+static WITH_GAPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether any watch may hold missing-key watches (see [`WITH_GAPS`]).
+#[inline]
+pub(crate) fn gaps_exist() -> bool {
+    // Relaxed: a hint; the gap lists themselves are read under their mutex.
+    WITH_GAPS.load(std::sync::atomic::Ordering::Relaxed) != 0
+}
+
+impl Gaps {
+    fn push(&mut self, key: Box<[u8]>, w: Arc<WatchInner>) {
+        if self.list.is_empty() {
+            // Relaxed: a count, read as a hint.
+            WITH_GAPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.list.push((key, w));
+    }
+
+    fn take(&mut self) -> ThinVec<(Box<[u8]>, Arc<WatchInner>)> {
+        if !self.list.is_empty() {
+            WITH_GAPS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        std::mem::take(&mut self.list)
+    }
+}
+
+impl Drop for Gaps {
+    fn drop(&mut self) {
+        drop(self.take());
+    }
+}
+
 /// Where a superseded node's missing-key watches go (`Notifier`).
 pub(crate) type Home<'a> = Option<&'a dyn Fn(Box<[u8]>, Arc<WatchInner>)>;
 
@@ -75,7 +111,7 @@ impl WatchInner {
             return Watch::from_inner(w.clone());
         }
         let w = Arc::new(WatchInner::new());
-        g.list.push((key.into(), w.clone()));
+        g.push(key.into(), w.clone());
         Watch::from_inner(w)
     }
 
@@ -87,7 +123,7 @@ impl WatchInner {
             drop(g);
             w.close();
         } else {
-            g.list.push((key, w));
+            g.push(key, w);
         }
     }
 
@@ -120,7 +156,7 @@ impl WatchInner {
         let gaps = {
             let mut g = self.gaps();
             g.done = true;
-            std::mem::take(&mut g.list)
+            g.take()
         };
         for (k, w) in gaps {
             match home {
