@@ -198,9 +198,10 @@ struct Probe {
     prefix: bool,
     watch: Watch,
     changed: bool,
-    /// With per-node watches, a point watch, or a prefix watch with a
-    /// result and a key outside it: the longest prefix it shares with such
-    /// a key (0 for a point). It must then stay quiet unless `near`.
+    /// With per-node watches, a point watch, or a prefix watch with a key
+    /// outside it: the longest prefix it shares with such a key (0 for a
+    /// point, `usize::MAX` for a prefix with no result). It must then stay
+    /// quiet unless `near`.
     reach: Option<usize>,
     /// The open transaction wrote a key that may fire the watch without
     /// changing its result: a key under it, or (a prefix) an insert sharing
@@ -359,7 +360,11 @@ fn run(u: &mut Unstructured) -> Result<()> {
                 for p in &probes {
                     // A missing key's watch fires if the key is there now
                     // (not for an insert deleted again).
-                    let must = if p.prefix || committed.contains_key(&p.key) {
+                    // So does an empty prefix's once a key is under it.
+                    let under = |m: &Model| m.keys().any(|k| k.starts_with(&p.key));
+                    let must = if p.prefix && !under(&committed) {
+                        under(&model)
+                    } else if p.prefix || committed.contains_key(&p.key) {
                         p.changed
                     } else {
                         model.contains_key(&p.key)
@@ -442,7 +447,13 @@ fn run(u: &mut Unstructured) -> Result<()> {
                         .filter(|x| !x.starts_with(&k))
                         .map(|x| shared(x, &k))
                         .max();
-                    outside.filter(|_| committed.keys().any(|x| x.starts_with(&k)))
+                    // An empty result: quiet until a key under it comes.
+                    let empty = !committed.keys().any(|x| x.starts_with(&k));
+                    if empty {
+                        Some(usize::MAX)
+                    } else {
+                        outside
+                    }
                 } else {
                     Some(0)
                 };

@@ -357,6 +357,7 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
+    use crate::watch::Gap;
 
     /// A reader asking for a watch races the writer closing the slot: the
     /// reader's watch must end up closed in every interleaving.
@@ -444,10 +445,11 @@ mod loom_tests {
             let slot = std::sync::Arc::new(LazyWatch::new());
             let s2 = slot.clone();
             let reader = loom::thread::spawn(move || {
-                s2.inner().map_or_else(Watch::closed, |w| w.gap_watch(b"k"))
+                s2.inner()
+                    .map_or_else(Watch::closed, |w| w.gap_watch(b"k", false))
             });
             let moved = std::sync::Mutex::new(Vec::new());
-            let home = |k: Box<[u8]>, w: Arc<WatchInner>| moved.lock().unwrap().push((k, w));
+            let home = |g: Gap, w: Arc<WatchInner>| moved.lock().unwrap().push((g.key, w));
             slot.close_with(Some(&home));
             let w = reader.join().unwrap();
             let moved = moved.into_inner().unwrap();

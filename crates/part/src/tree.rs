@@ -5,7 +5,7 @@ use std::ops::RangeBounds;
 use crate::iter::{IntoIter, Iter, Scan, ScanRef};
 use crate::node::{Child, Kind};
 use crate::txn::Txn;
-use crate::watch::{Watch, WatchInner};
+use crate::watch::{Gap, Watch, WatchInner};
 use crate::{bytes, Error};
 use std::sync::Arc;
 
@@ -271,7 +271,7 @@ pub(crate) fn get_watched<'a, V>(root: &'a Child<V>, key: &[u8]) -> (Option<&'a 
     if v.is_some() {
         return (v, node.header().watch.watch());
     }
-    let w = gap_home(node).map_or_else(Watch::closed, |at| at.gap_watch(key));
+    let w = gap_home(node).map_or_else(Watch::closed, |at| at.gap_watch(key, false));
     (None, w)
 }
 
@@ -286,14 +286,51 @@ fn gap_home<V>(node: &Child<V>) -> Option<Arc<WatchInner>> {
     }
 }
 
-/// Moves the watch `w` on the missing key `key`, whose node a commit
-/// superseded, to where the key's path ends in the committed tree `root`;
-/// fires it if the commit inserted the key.
-pub(crate) fn rehome<V>(root: &Child<V>, key: Box<[u8]>, w: Arc<WatchInner>) {
-    let (v, node) = get_with_node(root, &key);
-    match v.is_none().then(|| gap_home(node)).flatten() {
-        Some(at) => at.adopt_gap(key, w),
+/// Moves the watch `w` on a missing key or an empty prefix (`gap`), whose
+/// node a commit superseded, to where its path ends in the committed tree
+/// `root`; fires it if the commit inserted the key (a key under the
+/// prefix).
+pub(crate) fn rehome<V>(root: &Child<V>, gap: Gap, w: Arc<WatchInner>) {
+    let at = if gap.prefix {
+        empty_prefix_end(root, &gap.key)
+    } else {
+        match get_with_node(root, &gap.key) {
+            (None, node) => Some(node),
+            (Some(_), _) => None,
+        }
+    };
+    match at.and_then(gap_home) {
+        Some(at) => at.adopt_gap(gap, w),
         None => w.close(),
+    }
+}
+
+/// Where the path of `prefix` ends when no key starts with it: the inner
+/// node it leaves (a missing child, a segment it departs from) or the leaf
+/// with another key it reaches. `None` when some key starts with `prefix`.
+fn empty_prefix_end<'a, V>(root: &'a Child<V>, prefix: &[u8]) -> Option<&'a Child<V>> {
+    let mut node = root;
+    let mut depth = 0;
+    loop {
+        if let Kind::Leaf(l) = node.kind() {
+            return (!l.h.bytes.starts_with(prefix)).then_some(node);
+        }
+        let seg = node.bytes();
+        let r = &prefix[depth..];
+        if r.len() <= seg.len() {
+            // Every key below starts with the node's path (an inner node
+            // holds keys, but for an empty tree's root, whose path is empty).
+            let empty = node.num_children() == 0 && node.terminal().is_none();
+            return (!seg.starts_with(r) || empty).then_some(node);
+        }
+        if !bytes::starts_with(r, seg) {
+            return Some(node);
+        }
+        depth += seg.len();
+        match node.find_child(prefix[depth]) {
+            Some(c) => node = c,
+            None => return Some(node),
+        }
     }
 }
 
@@ -325,13 +362,18 @@ fn get_with_node<'a, V>(root: &'a Child<V>, key: &[u8]) -> (Option<&'a V>, &'a C
     }
 }
 
-/// The watch that covers every key under `prefix`: that of the inner node
-/// the prefix ends in, or the prefix watch of the leaf its path reaches (the
-/// only key under it, or none: any key under the prefix would push that leaf
-/// down), else that of the deepest inner node on its path.
+/// The watch that covers every key under `prefix`: with no such key, a
+/// missing-key watch on the prefix; else that of the inner node the prefix
+/// ends in, or the prefix watch of the leaf its path reaches (the only key
+/// under it: any other would push that leaf down).
 pub(crate) fn prefix_watch_of<V>(root: &Child<V>, prefix: &[u8]) -> Watch {
     if root.is_leaf() {
         return root.header().watch.watch();
+    }
+    if let Some(end) = empty_prefix_end(root, prefix) {
+        // No key under the prefix: a missing-key watch that fires once one
+        // is inserted (design.md, "Missing-key watches").
+        return gap_home(end).map_or_else(Watch::closed, |at| at.gap_watch(prefix, true));
     }
     let mut node = root;
     let mut depth = 0;
@@ -339,16 +381,14 @@ pub(crate) fn prefix_watch_of<V>(root: &Child<V>, prefix: &[u8]) -> Watch {
         let seg = node.bytes();
         let r = &prefix[depth..];
         if r.len() <= seg.len() || !bytes::starts_with(r, seg) {
-            // The prefix ends inside this node's segment (or diverges): any
-            // key under it lives here, or would split this node.
+            // The prefix ends inside this node's segment: every key under
+            // it lives here.
             return node.header().watch.watch();
         }
         depth += seg.len();
         match node.find_child(prefix[depth]) {
             Some(c) if c.is_leaf() => return c.header().watch.prefix_watch(),
             Some(c) => node = c,
-            // Nothing below: a new key under the prefix would change this
-            // node.
             None => return node.header().watch.watch(),
         }
     }

@@ -16,7 +16,7 @@ use crate::finger::Finger;
 use crate::iter::{IntoIter, Iter, Scan, ScanRef};
 use crate::node::{Child, Kind, NodeMut};
 use crate::tree::{get, get_below, range_scan, Options, Tree};
-use crate::watch::{Home, WatchInner};
+use crate::watch::{Gap, Home, WatchInner};
 use crate::{Error, MAX_KEY_LEN};
 
 /// A write transaction over a [`Tree`]. Dropping it without [`Txn::commit`]
@@ -75,9 +75,9 @@ impl<V> Notifier<V> {
 impl<V> Drop for Notifier<V> {
     fn drop(&mut self) {
         let root = self.home.take();
-        let move_gap = |k: Box<[u8]>, w: std::sync::Arc<WatchInner>| {
+        let move_gap = |gap: Gap, w: std::sync::Arc<WatchInner>| {
             if let Some(root) = &root {
-                crate::tree::rehome(root, k, w);
+                crate::tree::rehome(root, gap, w);
             }
         };
         let home: Home<'_> = root.is_some().then_some(&move_gap);

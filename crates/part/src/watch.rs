@@ -35,6 +35,13 @@ pub(crate) struct WatchInner {
     gaps: Mutex<Gaps>,
 }
 
+/// What a missing-key watch waits for: `key` inserted, or (`prefix`) any
+/// key under it.
+pub(crate) struct Gap {
+    pub(crate) key: Box<[u8]>,
+    pub(crate) prefix: bool,
+}
+
 /// A watch's missing-key watches. (`ThinVec`s here and in `earlier`: one
 /// word each while empty, as they nearly always are; a live watch takes
 /// 72 bytes with its counts, 96 with `Vec`s.)
@@ -42,7 +49,7 @@ pub(crate) struct WatchInner {
 struct Gaps {
     /// Closed: later missing-key readers get a closed watch.
     done: bool,
-    list: ThinVec<(Box<[u8]>, Arc<WatchInner>)>,
+    list: ThinVec<(Gap, Arc<WatchInner>)>,
 }
 
 /// How many watches hold missing-key watches, process-wide: while none do,
@@ -59,15 +66,15 @@ pub(crate) fn gaps_exist() -> bool {
 }
 
 impl Gaps {
-    fn push(&mut self, key: Box<[u8]>, w: Arc<WatchInner>) {
+    fn push(&mut self, gap: Gap, w: Arc<WatchInner>) {
         if self.list.is_empty() {
             // Relaxed: a count, read as a hint.
             WITH_GAPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        self.list.push((key, w));
+        self.list.push((gap, w));
     }
 
-    fn take(&mut self) -> ThinVec<(Box<[u8]>, Arc<WatchInner>)> {
+    fn take(&mut self) -> ThinVec<(Gap, Arc<WatchInner>)> {
         if !self.list.is_empty() {
             WITH_GAPS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -82,7 +89,7 @@ impl Drop for Gaps {
 }
 
 /// Where a superseded node's missing-key watches go (`Notifier`).
-pub(crate) type Home<'a> = Option<&'a dyn Fn(Box<[u8]>, Arc<WatchInner>)>;
+pub(crate) type Home<'a> = Option<&'a dyn Fn(Gap, Arc<WatchInner>)>;
 
 impl WatchInner {
     pub(crate) fn new() -> Self {
@@ -100,30 +107,36 @@ impl WatchInner {
         self.gaps.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A watch on `key`, missing from the tree, whose path ends at this
-    /// watch's node: closed if the node is.
-    pub(crate) fn gap_watch(&self, key: &[u8]) -> Watch {
+    /// A watch on `key` (with `prefix`: on any key under it), missing
+    /// from the tree, whose path ends at this watch's node: closed if the
+    /// node is.
+    pub(crate) fn gap_watch(&self, key: &[u8], prefix: bool) -> Watch {
         let mut g = self.gaps();
         if g.done {
             return Watch::closed();
         }
-        if let Some((_, w)) = g.list.iter().find(|(k, _)| **k == *key) {
+        let same = |(gap, _): &&(Gap, Arc<WatchInner>)| gap.prefix == prefix && *gap.key == *key;
+        if let Some((_, w)) = g.list.iter().find(same) {
             return Watch::from_inner(w.clone());
         }
         let w = Arc::new(WatchInner::new());
-        g.push(key.into(), w.clone());
+        let gap = Gap {
+            key: key.into(),
+            prefix,
+        };
+        g.push(gap, w.clone());
         Watch::from_inner(w)
     }
 
-    /// Takes on the missing-key watch `w` on `key`; fires it at once if
+    /// Takes on the missing-key watch `w` on `gap`; fires it at once if
     /// this watch's node is already superseded.
-    pub(crate) fn adopt_gap(&self, key: Box<[u8]>, w: Arc<WatchInner>) {
+    pub(crate) fn adopt_gap(&self, gap: Gap, w: Arc<WatchInner>) {
         let mut g = self.gaps();
         if g.done {
             drop(g);
             w.close();
         } else {
-            g.push(key, w);
+            g.push(gap, w);
         }
     }
 
@@ -158,9 +171,9 @@ impl WatchInner {
             g.done = true;
             g.take()
         };
-        for (k, w) in gaps {
+        for (gap, w) in gaps {
             match home {
-                Some(h) => h(k, w),
+                Some(h) => h(gap, w),
                 None => w.close(),
             }
         }

@@ -633,7 +633,8 @@ fn ordered_batches_through_the_finger_match_a_btreemap() {
 
 /// The root carries the prefix every key shares (path compression at the
 /// root): watches that end inside it, or on the root, still fire when the
-/// root is split or absorbs its only child.
+/// root is split or absorbs its only child; a prefix with no key under it
+/// fires when one comes, not at the split.
 #[test]
 fn watches_across_the_compressed_root() {
     let keys: Vec<[u8; 4]> = (0..50u32).map(|i| i.to_be_bytes()).collect();
@@ -649,8 +650,11 @@ fn watches_across_the_compressed_root() {
     assert!(inside.is_closed());
     assert!(missing.is_closed());
     assert!(!key.is_closed());
-    assert!(other.is_closed(), "the root's watch covers keys outside it");
+    assert!(!other.is_closed(), "no key under [1] yet");
     assert_eq!(t2.get(&[0, 1]), Some(&1));
+    let t3 = t2.insert(&[1, 0, 0, 0], 2).unwrap().0;
+    assert!(other.is_closed());
+    check(&t3).unwrap();
 
     // Root-only watches fire on a root split, and on the delete that
     // undoes it (the root then keeps its one child, still shared).

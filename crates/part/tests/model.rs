@@ -684,7 +684,8 @@ proptest! {
     /// snapshot kept or dropped). A point watch on a present key fires
     /// exactly at the first commit that writes the key, whatever inserts
     /// push its leaf down meanwhile; one on a missing key exactly at the
-    /// first commit that inserts it. A prefix watch with a result fires by
+    /// first commit that inserts it; and a prefix watch on an empty result
+    /// exactly at the first commit that inserts a key under it. A prefix watch with a result fires by
     /// the first commit that changes the result, and stays quiet through
     /// commits of keys that cannot reach it: with `m` the longest prefix it
     /// shares with a key outside it, inserts and updates sharing at most `m`
@@ -732,8 +733,11 @@ proptest! {
                 let (it, w) = t0.prefix_watch(p);
                 let result = collect(it);
                 let m = reach(&t0, p);
-                let quiet = !result.is_empty() && m.is_some();
-                (p.clone(), w, result, m.unwrap_or(0), !quiet)
+                // `m`: None for an empty result (exact: quiet until a key
+                // under the prefix is inserted), `usize::MAX` for a prefix
+                // every key is under (no rule: its watch is the root's).
+                let m = if result.is_empty() { None } else { Some(m.unwrap_or(usize::MAX)) };
+                (p.clone(), w, result, m, false)
             })
             .collect();
         let _kept = keep_snapshot.then(|| t0.clone());
@@ -768,13 +772,15 @@ proptest! {
                 }
             }
             for (p, w, result, m, near) in &mut prefix_watches {
-                *near |= written.iter().any(|(k, del)| {
-                    k.starts_with(p) || shared(k, p) > *m || (*del && shared(k, p) == *m)
-                });
+                if let Some(m) = *m {
+                    *near |= m == usize::MAX || written.iter().any(|(k, del)| {
+                        k.starts_with(p) || shared(k, p) > m || (*del && shared(k, p) == m)
+                    });
+                }
                 if collect(tree.prefix(p)) != *result {
                     prop_assert!(w.is_closed(), "prefix watch on {:?} not fired", p);
-                }
-                if !*near {
+                    *near = true;
+                } else if !*near {
                     prop_assert!(!w.is_closed(), "prefix watch on {:?} fired for a write elsewhere", p);
                 }
             }

@@ -147,9 +147,9 @@ fn prefix_fires_only_under_its_prefix() {
 }
 
 /// Queries whose result is one object beside many siblings (a tag only one
-/// object has, the name `n199` among `n190`..`n198`, a missing name whose
-/// path ends at `n199`): the siblings' writes leave them quiet, a write
-/// that changes the result fires them.
+/// object has, the name `n199` among `n190`..`n198`), or nothing (a missing
+/// name whose path ends at `n199`, a prefix no name has): the siblings'
+/// writes leave them quiet, a write that changes the result fires them.
 #[test]
 fn narrow_queries_ignore_their_siblings() {
     let f = fixture();
@@ -173,6 +173,8 @@ fn narrow_queries_ignore_their_siblings() {
     assert_eq!(it.count(), 1);
     let (o, w_missing) = f.table.get_watch(&r, &f.by_name, "n1999").unwrap();
     assert!(o.is_none());
+    let (it, w_empty) = f.table.prefix_watch(&r, &f.by_name, "n1999").unwrap();
+    assert_eq!(it.count(), 0);
     write(&f, obj(195, "n195", &["node-55"], 1));
     write(&f, obj(600, "n198x", &["node-59"], 0));
     write(&f, obj(601, "n1x", &["node-5"], 0));
@@ -188,8 +190,15 @@ fn narrow_queries_ignore_their_siblings() {
         !w_missing.is_closed(),
         "a sibling name's write fired n1999's get"
     );
-    write(&f, obj(602, "n1999", &["node-60"], 0));
-    assert!(w_tag.is_closed() && w_name.is_closed() && w_missing.is_closed());
+    assert!(
+        !w_empty.is_closed(),
+        "a sibling name's write fired an empty prefix"
+    );
+    write(&f, obj(602, "n19990", &["node-60"], 0));
+    assert!(w_tag.is_closed() && w_name.is_closed() && w_empty.is_closed());
+    assert!(!w_missing.is_closed(), "n19990 is not n1999");
+    write(&f, obj(603, "n1999", &[], 0));
+    assert!(w_missing.is_closed());
 }
 
 #[test]
