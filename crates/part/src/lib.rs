@@ -8,9 +8,13 @@
 //! * [`Txn`] builds the next version; each node is copied at most once per
 //!   transaction, and [`Txn::commit`] leaves every older snapshot unchanged.
 //! * [`Watch`]es from [`Tree::get_watch`] and [`Tree::prefix_watch`] fire once
-//!   a later commit changes what the read depended on. A node that nobody
-//!   watches carries no watch allocation at all. [`Options::root_only_watch`]
-//!   keeps a single watch at the root instead.
+//!   a later commit changes what the read depended on, and not for writes
+//!   elsewhere: a point watch (on a present or a missing key) exactly when
+//!   its key changes, an empty prefix's when a key under it comes, a prefix
+//!   watch for writes under the prefix and a few structural changes next to
+//!   it (design.md, "What fires"). A node that nobody watches carries no
+//!   watch allocation at all. [`Options::root_only_watch`] keeps a single
+//!   watch at the root instead.
 //! * Memory: a node256 a transaction copies may keep the version it was
 //!   copied from alive (it borrows that version's children, or its patches
 //!   when it is a delta, instead of taking a reference on each), until

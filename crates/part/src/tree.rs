@@ -91,8 +91,7 @@ impl<V> Tree<V> {
     }
 
     /// The value under `key` and a watch that fires once a later commit
-    /// changes it (or, for a missing key, the closest part of the tree on its
-    /// path).
+    /// changes it (for a missing key: inserts it). design.md, "What fires".
     pub fn get_watch(&self, key: &[u8]) -> (Option<&V>, Watch) {
         if self.opts.root_only_watch {
             return (get(&self.root, key), self.root.header().watch.watch());
@@ -101,7 +100,8 @@ impl<V> Tree<V> {
     }
 
     /// Iterates the keys under `prefix` and returns a watch that fires once a
-    /// later commit changes anything under it.
+    /// later commit changes anything under it (and for a few writes next to
+    /// it: design.md, "What fires").
     pub fn prefix_watch(&self, prefix: &[u8]) -> (Iter<'_, V>, Watch) {
         let w = if self.opts.root_only_watch {
             self.root.header().watch.watch()
@@ -263,9 +263,10 @@ pub(crate) fn get_below<'a, V>(node: &'a Child<V>, key: &[u8], depth: usize) -> 
 }
 
 /// Lookup that also returns the watch that covers the result: the leaf's
-/// when found; for a missing key, the prefix watch of the leaf its path ends
-/// at (only an insert that pushes that leaf down can add the key), else the
-/// watch of the deepest inner node on its path.
+/// when found; for a missing key, a missing-key watch kept by the node its
+/// path ends at (a leaf's in its prefix watch: only an insert that pushes
+/// the leaf down can add the key there), which the commit that supersedes
+/// that node moves on (`rehome`).
 pub(crate) fn get_watched<'a, V>(root: &'a Child<V>, key: &[u8]) -> (Option<&'a V>, Watch) {
     let (v, node) = get_with_node(root, key);
     if v.is_some() {
