@@ -293,7 +293,8 @@ fn gap_home<V>(node: &Child<V>) -> Option<Arc<WatchInner>> {
 /// prefix).
 pub(crate) fn rehome<V>(root: &Child<V>, gap: Gap, w: Arc<WatchInner>) {
     let at = if gap.prefix {
-        empty_prefix_end(root, &gap.key)
+        let (node, empty) = prefix_end(root, &gap.key);
+        empty.then_some(node)
     } else {
         match get_with_node(root, &gap.key) {
             (None, node) => Some(node),
@@ -306,15 +307,17 @@ pub(crate) fn rehome<V>(root: &Child<V>, gap: Gap, w: Arc<WatchInner>) {
     }
 }
 
-/// Where the path of `prefix` ends when no key starts with it: the inner
-/// node it leaves (a missing child, a segment it departs from) or the leaf
-/// with another key it reaches. `None` when some key starts with `prefix`.
-fn empty_prefix_end<'a, V>(root: &'a Child<V>, prefix: &[u8]) -> Option<&'a Child<V>> {
+/// Where the path of `prefix` ends, and whether no key starts with it.
+/// With keys under it: the leaf that is the only one, or the inner node
+/// whose segment the prefix ends in. Without: the inner node it leaves (a
+/// missing child, a segment it departs from) or the leaf with another key
+/// it reaches.
+fn prefix_end<'a, V>(root: &'a Child<V>, prefix: &[u8]) -> (&'a Child<V>, bool) {
     let mut node = root;
     let mut depth = 0;
     loop {
         if let Kind::Leaf(l) = node.kind() {
-            return (!l.h.bytes.starts_with(prefix)).then_some(node);
+            return (node, !l.h.bytes.starts_with(prefix));
         }
         let seg = node.bytes();
         let r = &prefix[depth..];
@@ -322,15 +325,15 @@ fn empty_prefix_end<'a, V>(root: &'a Child<V>, prefix: &[u8]) -> Option<&'a Chil
             // Every key below starts with the node's path (an inner node
             // holds keys, but for an empty tree's root, whose path is empty).
             let empty = node.num_children() == 0 && node.terminal().is_none();
-            return (!seg.starts_with(r) || empty).then_some(node);
+            return (node, !seg.starts_with(r) || empty);
         }
         if !bytes::starts_with(r, seg) {
-            return Some(node);
+            return (node, true);
         }
         depth += seg.len();
         match node.find_child(prefix[depth]) {
             Some(c) => node = c,
-            None => return Some(node),
+            None => return (node, true),
         }
     }
 }
@@ -371,26 +374,13 @@ pub(crate) fn prefix_watch_of<V>(root: &Child<V>, prefix: &[u8]) -> Watch {
     if root.is_leaf() {
         return root.header().watch.watch();
     }
-    if let Some(end) = empty_prefix_end(root, prefix) {
+    match prefix_end(root, prefix) {
         // No key under the prefix: a missing-key watch that fires once one
         // is inserted (design.md, "Missing-key watches").
-        return gap_home(end).map_or_else(Watch::closed, |at| at.gap_watch(prefix, true));
-    }
-    let mut node = root;
-    let mut depth = 0;
-    loop {
-        let seg = node.bytes();
-        let r = &prefix[depth..];
-        if r.len() <= seg.len() || !bytes::starts_with(r, seg) {
-            // The prefix ends inside this node's segment: every key under
-            // it lives here.
-            return node.header().watch.watch();
-        }
-        depth += seg.len();
-        match node.find_child(prefix[depth]) {
-            Some(c) if c.is_leaf() => return c.header().watch.prefix_watch(),
-            Some(c) => node = c,
-            None => return node.header().watch.watch(),
-        }
+        (end, true) => gap_home(end).map_or_else(Watch::closed, |at| at.gap_watch(prefix, true)),
+        (leaf, false) if leaf.is_leaf() => leaf.header().watch.prefix_watch(),
+        // The prefix ends inside this node's segment: every key under it
+        // lives here.
+        (node, false) => node.header().watch.watch(),
     }
 }
