@@ -44,7 +44,7 @@ pub(crate) struct Gap {
 
 /// A watch's missing-key watches. (`ThinVec`s here and in `earlier`: one
 /// word each while empty, as they nearly always are; a live watch takes
-/// 72 bytes with its counts, 96 with `Vec`s.)
+/// 72 bytes with its counts.)
 #[derive(Default)]
 struct Gaps {
     /// Closed: later missing-key readers get a closed watch.
