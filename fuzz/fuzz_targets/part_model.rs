@@ -198,14 +198,12 @@ struct Probe {
     prefix: bool,
     watch: Watch,
     changed: bool,
-    /// With per-node watches, a point watch, or a prefix watch with a key
-    /// outside it: the longest prefix it shares with such a key (0 for a
-    /// point, `usize::MAX` for a prefix with no result). It must then stay
-    /// quiet unless `near`.
-    reach: Option<usize>,
-    /// The open transaction wrote a key that may fire the watch without
-    /// changing its result: a key under it, or (a prefix) an insert sharing
-    /// more than `reach` bytes with it or a delete sharing `reach`.
+    /// With per-node watches, a point watch, or a prefix watch with no
+    /// result or with a key outside it (not the root's watch): it must
+    /// then stay quiet unless `near`.
+    exact: bool,
+    /// The open transaction wrote a key under the watch (or the watched
+    /// key).
     near: bool,
 }
 
@@ -230,20 +228,15 @@ fn shared(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Whether a write of `k` (`delete`: one that removed it) may fire `p`.
-fn reaches(p: &Probe, k: &[u8], delete: bool) -> bool {
-    let Some(m) = p.reach else { return true };
-    if !p.prefix {
-        return k == p.key.as_slice();
-    }
-    let s = shared(k, &p.key);
-    k.starts_with(&p.key) || s > m || (delete && s == m)
+/// Whether a write of `k` may fire `p`.
+fn reaches(p: &Probe, k: &[u8]) -> bool {
+    !p.exact || p.covers(k)
 }
 
 /// Records a write of `k` in the open transaction.
 fn wrote(probes: &mut [Probe], written: &mut Vec<(Vec<u8>, bool)>, k: &[u8], delete: bool) {
     for p in probes.iter_mut() {
-        p.near |= reaches(p, k, delete);
+        p.near |= reaches(p, k);
     }
     written.push((k.to_vec(), delete));
 }
@@ -399,7 +392,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
                 cleared = false;
                 for p in probes.iter_mut() {
                     p.changed = false;
-                    p.near = p.reach.is_none();
+                    p.near = !p.exact;
                 }
             }
             11 => {
@@ -439,34 +432,23 @@ fn run(u: &mut Unstructured) -> Result<()> {
                     (if prefix { x.starts_with(&k) } else { *x == k })
                         && committed.get(x) != model.get(x)
                 });
-                let reach = if opts.root_only_watch {
-                    None
-                } else if prefix {
-                    let outside = committed
-                        .keys()
-                        .filter(|x| !x.starts_with(&k))
-                        .map(|x| shared(x, &k))
-                        .max();
-                    // An empty result: quiet until a key under it comes.
-                    let empty = !committed.keys().any(|x| x.starts_with(&k));
-                    if empty {
-                        Some(usize::MAX)
-                    } else {
-                        outside
-                    }
-                } else {
-                    Some(0)
-                };
-                trace!("watch {k:?} prefix={prefix} reach={reach:?}");
+                // A prefix every key is under has the root's watch, which
+                // fires on every commit.
+                let exact = !opts.root_only_watch
+                    && (!prefix
+                        || committed.is_empty()
+                        || committed.keys().any(|x| !x.starts_with(&k))
+                        || !committed.keys().any(|x| x.starts_with(&k)));
+                trace!("watch {k:?} prefix={prefix} exact={exact}");
                 let mut probe = Probe {
                     key: k,
                     prefix,
                     watch,
                     changed,
-                    reach,
-                    near: reach.is_none() || cleared,
+                    exact,
+                    near: !exact || cleared,
                 };
-                probe.near |= written.iter().any(|(x, d)| reaches(&probe, x, *d));
+                probe.near |= written.iter().any(|(x, _)| reaches(&probe, x));
                 probes.push(probe);
             }
             _ => {

@@ -47,18 +47,6 @@ impl LazyWatch {
         self.inner().map_or_else(Watch::closed, Watch::from_inner)
     }
 
-    /// A leaf's watch for prefix readers: fires with [`watch`], and also
-    /// when an insert pushes the leaf down under a new inner node, which a
-    /// key under the reader's prefix may have caused (`Txn` then copies
-    /// the leaf: see [`successor`]).
-    ///
-    /// [`watch`]: LazyWatch::watch
-    /// [`successor`]: LazyWatch::successor
-    pub(crate) fn prefix_watch(&self) -> Watch {
-        self.inner()
-            .map_or_else(Watch::closed, |w| w.narrow.watch())
-    }
-
     /// The live watch, installed on first use; `None` once closed.
     pub(crate) fn inner(&self) -> Option<Arc<WatchInner>> {
         // Acquire pairs with the Release of the CAS that published the
@@ -90,11 +78,12 @@ impl LazyWatch {
         }
     }
 
-    /// The slot for a copy of this leaf that keeps its key and value (an
-    /// insert pushes the leaf down): when the leaf is watched, a watch that
-    /// also fires the leaf's point watch, so its readers still hear of the
-    /// key's next change. Returns the slot and the address of the watch
-    /// it chains (0 when none), for [`close_superseded`].
+    /// The slot for a copy of this node that keeps its contents (an insert
+    /// pushes a leaf down, or splits the segment above an inner node; a
+    /// delete merges an inner node's parent into it): when the node is
+    /// watched, a watch that also fires the node's, so its readers still
+    /// hear of the next change. Returns the slot and the address of the
+    /// watch it chains (0 when none), for [`close_superseded`].
     ///
     /// [`close_superseded`]: LazyWatch::close_superseded
     pub(crate) fn successor(&self) -> (LazyWatch, usize) {
@@ -111,16 +100,23 @@ impl LazyWatch {
         (slot, p as usize)
     }
 
-    /// Closes a leaf that [`successor`] copied into `copy`, after the copy
+    /// Closes a node that [`successor`] copied into `copy`, after the copy
     /// is visible. If its slot still holds the watch the copy chains
-    /// (`chained`), only that watch's `narrow` part fires, for good (the
-    /// point watch fires with the copy's). A watch a reader installed after
-    /// the copy was made is handed to `copy` the same way, if `copy` has no
-    /// watch yet; else it closes, as does an unwatched slot ([`close`]).
+    /// (`chained`), that watch stays open (it fires with the copy's) and
+    /// only its list is closed ([`WatchInner::hand_on`], with `cut`). A
+    /// watch a reader installed after the copy was made is handed to `copy`
+    /// the same way, if `copy` has no watch yet; else it closes, as does an
+    /// unwatched slot ([`close`]).
     ///
     /// [`successor`]: LazyWatch::successor
     /// [`close`]: LazyWatch::close
-    pub(crate) fn close_superseded(&self, chained: usize, copy: &LazyWatch, home: Home<'_>) {
+    pub(crate) fn close_superseded(
+        &self,
+        chained: usize,
+        copy: &LazyWatch,
+        cut: usize,
+        home: Home<'_>,
+    ) {
         // Acquire: we may dereference the pointer. A live pointer never
         // changes while `&self` exists, so a slot that matched `chained`
         // still does.
@@ -133,10 +129,17 @@ impl LazyWatch {
         // exists (only `take`/`drop` through `&mut` release it).
         let w = unsafe { &*p };
         if p as usize == chained || copy.adopt(p) {
-            w.narrow.close_with(home);
+            w.hand_on(cut, copy.live().as_deref(), home);
         } else {
             w.close_with(home);
         }
+    }
+
+    /// The live watch, if one is installed (none is installed here).
+    fn live(&self) -> Option<Arc<WatchInner>> {
+        // Acquire: the caller reads the pointee.
+        let p = self.ptr.load(Ordering::Acquire);
+        (!p.is_null() && p != CLOSED).then(|| clone_raw(p))
     }
 
     /// Installs, in a slot nobody watched yet, a watch that also fires the
@@ -264,6 +267,7 @@ impl Drop for LazyWatch {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::watch::GapKind;
 
     #[test]
     fn unwatched_slot_allocates_nothing_and_closes_to_sentinel() {
@@ -285,28 +289,35 @@ mod tests {
         assert!(s.watch().is_closed());
     }
 
+    /// A held prefix watch (see `GapKind::Held`) kept by the node in `s`.
+    fn held(s: &LazyWatch, prefix: &[u8]) -> Watch {
+        s.inner()
+            .map_or_else(Watch::closed, |w| w.gap_watch(prefix, GapKind::Held))
+    }
+
     #[test]
-    fn a_pushed_down_leaf_hands_its_point_watch_on_and_fires_its_prefix_watch() {
+    fn a_pushed_down_leaf_hands_on_its_point_watch_and_its_longer_prefixes() {
         let s = LazyWatch::new();
         let point = s.watch();
-        let prefix = s.prefix_watch();
+        let (short, long) = (held(&s, b"a"), held(&s, b"abc"));
         let (next, chained) = s.successor();
         assert_ne!(chained, 0);
-        s.close_superseded(chained, &next, None);
-        assert!(prefix.is_closed() && !point.is_closed());
-        assert!(
-            s.prefix_watch().is_closed(),
-            "the old leaf's prefix stays closed"
-        );
+        // The new key shares two bytes with the leaf's: it is under "a",
+        // not under "abc".
+        s.close_superseded(chained, &next, 2, None);
+        assert!(short.is_closed() && !long.is_closed() && !point.is_closed());
+        assert!(held(&s, b"abc").is_closed(), "the old leaf's list is done");
         let later = s.watch();
-        let fresh = next.prefix_watch();
-        assert!(!fresh.is_closed());
-        // A second push: the chain reaches back to the first leaf's watch.
+        let fresh = held(&next, b"ab");
+        assert!(!later.is_closed() && !fresh.is_closed());
+        // A second push, sharing one byte: the chain reaches back to the
+        // first leaf's watch, and both held prefixes move on.
         let (third, chained) = next.successor();
-        next.close_superseded(chained, &third, None);
-        assert!(fresh.is_closed() && !point.is_closed());
+        next.close_superseded(chained, &third, 1, None);
+        assert!(!fresh.is_closed() && !long.is_closed() && !point.is_closed());
         third.close();
         assert!(point.is_closed() && later.is_closed());
+        assert!(fresh.is_closed() && long.is_closed());
     }
 
     /// A reader of the old snapshot installs a point watch between the
@@ -317,28 +328,28 @@ mod tests {
         let s = LazyWatch::new();
         let (next, chained) = s.successor();
         let point = s.watch();
-        let prefix = s.prefix_watch();
-        s.close_superseded(chained, &next, None);
-        assert!(prefix.is_closed() && !point.is_closed());
+        let prefix = held(&s, b"ab");
+        s.close_superseded(chained, &next, 0, None);
+        assert!(!prefix.is_closed() && !point.is_closed());
         next.close();
-        assert!(point.is_closed());
+        assert!(point.is_closed() && prefix.is_closed());
         // A copy already watched cannot adopt: the late watch closes.
         let s = LazyWatch::new();
         let (next, chained) = s.successor();
         let late = s.watch();
         let _new_reader = next.watch();
-        s.close_superseded(chained, &next, None);
+        s.close_superseded(chained, &next, 0, None);
         assert!(late.is_closed());
     }
 
     #[test]
-    fn an_unwatched_leaf_pushed_down_closes_whole() {
+    fn an_unwatched_node_moved_closes_whole() {
         let s = LazyWatch::new();
         let (next, chained) = s.successor();
         assert_eq!(chained, 0);
         assert!(next.is_empty());
-        s.close_superseded(chained, &next, None);
-        assert!(s.watch().is_closed() && s.prefix_watch().is_closed());
+        s.close_superseded(chained, &next, 0, None);
+        assert!(s.watch().is_closed() && held(&s, b"a").is_closed());
         assert!(next.is_empty());
     }
 
@@ -357,7 +368,7 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::*;
-    use crate::watch::Gap;
+    use crate::watch::{Gap, GapKind};
 
     /// A reader asking for a watch races the writer closing the slot: the
     /// reader's watch must end up closed in every interleaving.
@@ -373,25 +384,34 @@ mod loom_tests {
         });
     }
 
-    /// A reader of the old snapshot asks for a leaf's prefix watch while an
-    /// insert pushes the leaf down (copy, publish, close): the watch ends
-    /// up closed. With the leaf point-watched beforehand, that watch stays
-    /// live until the copy's fires.
+    /// A reader of the old snapshot asks for a leaf's held prefix watch
+    /// while an insert pushes the leaf down (copy, publish, close): with
+    /// the new key under the prefix (`cut` 2) the watch ends up closed;
+    /// with it outside (`cut` 0) the watch is closed or handed to the copy,
+    /// and closed once the copy's fires. A point watch taken beforehand
+    /// stays live until the copy's fires.
     #[test]
     fn prefix_watch_racing_a_push_down_is_never_lost() {
-        for watched in [false, true] {
+        for (watched, cut) in [(false, 2), (true, 2), (false, 0), (true, 0)] {
             loom::model(move || {
                 let slot = std::sync::Arc::new(LazyWatch::new());
                 let point = watched.then(|| slot.watch());
                 let s2 = slot.clone();
-                let reader = loom::thread::spawn(move || s2.prefix_watch());
+                let reader = loom::thread::spawn(move || {
+                    s2.inner()
+                        .map_or_else(Watch::closed, |w| w.gap_watch(b"ab", GapKind::Held))
+                });
                 let (next, chained) = slot.successor();
-                slot.close_superseded(chained, &next, None);
-                assert!(reader.join().unwrap().is_closed());
+                slot.close_superseded(chained, &next, cut, None);
+                let w = reader.join().unwrap();
+                if cut >= 2 {
+                    assert!(w.is_closed());
+                }
                 if let Some(p) = &point {
                     assert!(!p.is_closed());
                 }
                 next.close();
+                assert!(w.is_closed());
                 assert!(point.is_none_or(|p| p.is_closed()));
             });
         }
@@ -407,7 +427,7 @@ mod loom_tests {
             let s2 = slot.clone();
             let reader = loom::thread::spawn(move || s2.watch());
             let (next, chained) = slot.successor();
-            slot.close_superseded(chained, &next, None);
+            slot.close_superseded(chained, &next, 0, None);
             let w = reader.join().unwrap();
             next.close();
             assert!(w.is_closed());
@@ -427,7 +447,7 @@ mod loom_tests {
             let next = std::sync::Arc::new(next);
             let n2 = next.clone();
             let reader = loom::thread::spawn(move || n2.watch());
-            slot.close_superseded(chained, &next, None);
+            slot.close_superseded(chained, &next, 0, None);
             let fresh = reader.join().unwrap();
             assert!(!fresh.is_closed());
             next.close();
@@ -446,7 +466,7 @@ mod loom_tests {
             let s2 = slot.clone();
             let reader = loom::thread::spawn(move || {
                 s2.inner()
-                    .map_or_else(Watch::closed, |w| w.gap_watch(b"k", false))
+                    .map_or_else(Watch::closed, |w| w.gap_watch(b"k", GapKind::Missing))
             });
             let moved = std::sync::Mutex::new(Vec::new());
             let home = |g: Gap, w: Arc<WatchInner>| moved.lock().unwrap().push((g.key, w));

@@ -404,6 +404,22 @@ impl<V> Child<V> {
         (leaf, chained)
     }
 
+    /// A private copy of this shared inner node for a write that keeps
+    /// its contents and changes only its segment: its watch chains this
+    /// node's (`LazyWatch::successor`); also returns the chained watch's
+    /// address, as [`Child::pushed_leaf`] does.
+    pub(crate) fn moved_inner(&self) -> (Self, usize)
+    where
+        V: Clone,
+    {
+        let (watch, chained) = self.header().watch.successor();
+        let mut copy = self.copy_for_write();
+        if let Some(n) = copy.get_mut() {
+            n.header_mut().watch = watch;
+        }
+        (copy, chained)
+    }
+
     pub(crate) fn empty_inner(segment: &[u8]) -> Self {
         Child::new(NodeRc::new_with(|| N4 {
             h: Header::new(segment),

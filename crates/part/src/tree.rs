@@ -5,7 +5,7 @@ use std::ops::RangeBounds;
 use crate::iter::{IntoIter, Iter, Scan, ScanRef};
 use crate::node::{Child, Kind};
 use crate::txn::Txn;
-use crate::watch::{Gap, Watch, WatchInner};
+use crate::watch::{Gap, GapKind, Watch, WatchInner};
 use crate::{bytes, Error};
 use std::sync::Arc;
 
@@ -272,19 +272,15 @@ pub(crate) fn get_watched<'a, V>(root: &'a Child<V>, key: &[u8]) -> (Option<&'a 
     if v.is_some() {
         return (v, node.header().watch.watch());
     }
-    let w = gap_home(node).map_or_else(Watch::closed, |at| at.gap_watch(key, false));
+    let w = gap_home(node).map_or_else(Watch::closed, |at| at.gap_watch(key, GapKind::Missing));
     (None, w)
 }
 
-/// The watch that keeps the watches on missing keys whose path ends at
-/// `node`: an inner node's own, a leaf's prefix watch (installed if need
-/// be); `None` once the node is superseded.
+/// The watch of `node`, which keeps the watches on missing keys whose
+/// path ends there and on prefixes narrower than the node (installed if
+/// need be); `None` once the node is superseded.
 fn gap_home<V>(node: &Child<V>) -> Option<Arc<WatchInner>> {
-    let slot = &node.header().watch;
-    match node.kind() {
-        Kind::Leaf(_) => slot.inner()?.narrow.inner(),
-        _ => slot.inner(),
-    }
+    node.header().watch.inner()
 }
 
 /// Moves the watch `w` on a missing key or an empty prefix (`gap`), whose
@@ -292,9 +288,9 @@ fn gap_home<V>(node: &Child<V>) -> Option<Arc<WatchInner>> {
 /// `root`; fires it if the commit inserted the key (a key under the
 /// prefix).
 pub(crate) fn rehome<V>(root: &Child<V>, gap: Gap, w: Arc<WatchInner>) {
-    let at = if gap.prefix {
-        let (node, empty) = prefix_end(root, &gap.key);
-        empty.then_some(node)
+    let at = if gap.kind != GapKind::Missing {
+        let end = prefix_end(root, &gap.key);
+        end.empty.then_some(end.node)
     } else {
         match get_with_node(root, &gap.key) {
             (None, node) => Some(node),
@@ -307,17 +303,32 @@ pub(crate) fn rehome<V>(root: &Child<V>, gap: Gap, w: Arc<WatchInner>) {
     }
 }
 
-/// Where the path of `prefix` ends, and whether no key starts with it.
-/// With keys under it: the leaf that is the only one, or the inner node
-/// whose segment the prefix ends in. Without: the inner node it leaves (a
-/// missing child, a segment it departs from) or the leaf with another key
-/// it reaches.
-fn prefix_end<'a, V>(root: &'a Child<V>, prefix: &[u8]) -> (&'a Child<V>, bool) {
+/// Where the path of a prefix ends ([`prefix_end`]).
+struct End<'a, V> {
+    /// With keys under the prefix: the leaf that is the only one, or the
+    /// inner node whose segment the prefix ends in. Without: the inner
+    /// node it leaves (a missing child, a segment it departs from) or the
+    /// leaf with another key it reaches.
+    node: &'a Child<V>,
+    /// No key starts with the prefix.
+    empty: bool,
+    /// The prefix ends before the end of `node`'s segment (or key).
+    inside: bool,
+}
+
+/// Where the path of `prefix` ends (see [`End`]).
+fn prefix_end<'a, V>(root: &'a Child<V>, prefix: &[u8]) -> End<'a, V> {
     let mut node = root;
     let mut depth = 0;
+    let end = |node, empty, inside| End {
+        node,
+        empty,
+        inside,
+    };
     loop {
         if let Kind::Leaf(l) = node.kind() {
-            return (node, !l.h.bytes.starts_with(prefix));
+            let empty = !l.h.bytes.starts_with(prefix);
+            return end(node, empty, true);
         }
         let seg = node.bytes();
         let r = &prefix[depth..];
@@ -325,15 +336,15 @@ fn prefix_end<'a, V>(root: &'a Child<V>, prefix: &[u8]) -> (&'a Child<V>, bool) 
             // Every key below starts with the node's path (an inner node
             // holds keys, but for an empty tree's root, whose path is empty).
             let empty = node.num_children() == 0 && node.terminal().is_none();
-            return (node, !seg.starts_with(r) || empty);
+            return end(node, !seg.starts_with(r) || empty, r.len() < seg.len());
         }
         if !bytes::starts_with(r, seg) {
-            return (node, true);
+            return end(node, true, false);
         }
         depth += seg.len();
         match node.find_child(prefix[depth]) {
             Some(c) => node = c,
-            None => return (node, true),
+            None => return end(node, true, false),
         }
     }
 }
@@ -367,20 +378,24 @@ fn get_with_node<'a, V>(root: &'a Child<V>, key: &[u8]) -> (Option<&'a V>, &'a C
 }
 
 /// The watch that covers every key under `prefix`: with no such key, a
-/// missing-key watch on the prefix; else that of the inner node the prefix
-/// ends in, or the prefix watch of the leaf its path reaches (the only key
-/// under it: any other would push that leaf down).
+/// missing-key watch on the prefix; else that of the inner node whose
+/// segment the prefix ends at the end of, or a held prefix watch kept by
+/// the leaf its path reaches (the only key under it: any other would push
+/// that leaf down) or by the inner node whose segment it ends inside
+/// (design.md, "What fires").
 pub(crate) fn prefix_watch_of<V>(root: &Child<V>, prefix: &[u8]) -> Watch {
     if root.is_leaf() {
         return root.header().watch.watch();
     }
-    match prefix_end(root, prefix) {
-        // No key under the prefix: a missing-key watch that fires once one
-        // is inserted (design.md, "Missing-key watches").
-        (end, true) => gap_home(end).map_or_else(Watch::closed, |at| at.gap_watch(prefix, true)),
-        (leaf, false) if leaf.is_leaf() => leaf.header().watch.prefix_watch(),
-        // The prefix ends inside this node's segment: every key under it
-        // lives here.
-        (node, false) => node.header().watch.watch(),
-    }
+    let end = prefix_end(root, prefix);
+    let kind = match end {
+        // No key under the prefix: a watch that fires once one is inserted
+        // (design.md, "Missing-key watches").
+        End { empty: true, .. } => GapKind::Empty,
+        End { inside: true, .. } => GapKind::Held,
+        // The prefix ends where this node's segment does: every key under
+        // it lives here, and every key here is under it.
+        End { node, .. } => return node.header().watch.watch(),
+    };
+    gap_home(end.node).map_or_else(Watch::closed, |at| at.gap_watch(prefix, kind))
 }

@@ -12,6 +12,7 @@ use smallvec::SmallVec;
 
 use std::ptr::NonNull;
 
+use crate::bytes::Bytes;
 use crate::finger::Finger;
 use crate::iter::{IntoIter, Iter, Scan, ScanRef};
 use crate::node::{Child, Kind, NodeMut};
@@ -44,9 +45,19 @@ struct Recorder<V> {
 struct Extra<V> {
     /// Live watches taken from nodes changed in place.
     watches: Vec<std::sync::Arc<WatchInner>>,
-    /// Shared leaves an insert pushed down, each with the watch its copy
-    /// chains and the copy (`LazyWatch::close_superseded`).
-    pushed: Vec<(Child<V>, usize, Child<V>)>,
+    /// Shared nodes a write copied keeping their contents (a leaf pushed
+    /// down, an inner node whose segment changed), each with the watch its
+    /// copy chains, the copy, and how many bytes the write's key shares
+    /// with the node's path (`LazyWatch::close_superseded`).
+    pushed: Vec<Moved<V>>,
+}
+
+/// See [`Extra::pushed`].
+struct Moved<V> {
+    old: Child<V>,
+    chained: usize,
+    copy: Child<V>,
+    cut: usize,
 }
 
 impl<V> Default for Extra<V> {
@@ -99,10 +110,9 @@ impl<V> Drop for Notifier<V> {
             for w in extra.watches {
                 w.close_with(home);
             }
-            for (leaf, chained, copy) in extra.pushed {
-                leaf.header()
-                    .watch
-                    .close_superseded(chained, &copy.header().watch, home);
+            for m in extra.pushed {
+                let copy = &m.copy.header().watch;
+                (m.old.header().watch).close_superseded(m.chained, copy, m.cut, home);
             }
         }
     }
@@ -191,19 +201,16 @@ impl<V: Clone> Recorder<V> {
         self.extra.get_or_insert_with(Box::default).watches.push(w);
     }
 
-    /// An insert is pushing `leaf` down under a new inner node. Its point
-    /// watch must not fire (its value stays), but its prefix watch must
-    /// (the new key may be under the prefix), and a reader of an older
-    /// snapshot may be installing either. So a shared or watched leaf is
-    /// copied: the old one is superseded (closed at commit, but for a
-    /// point watch the copy carries on), the copy gets a fresh prefix
-    /// watch. A private, unwatched leaf moves as it is. The list keeps a
-    /// handle on the copy, to hand it a point watch a reader installs on
-    /// the old leaf before the commit; a later write of the key in this
-    /// transaction then replaces the copy instead of changing it in place,
-    /// so that watch fires.
+    /// An insert whose key shares `cut` bytes with `leaf`'s is pushing it
+    /// down under a new inner node. Its point watch must not fire (its
+    /// value stays), nor its held prefix watches longer than `cut` (the new
+    /// key is not under them), but the shorter ones must, and a reader of
+    /// an older snapshot may be installing any. So a shared or watched
+    /// leaf is copied: the old one is superseded (closed at commit, but for
+    /// what the copy carries on), the copy gets a watch chaining the old
+    /// one's. A private, unwatched leaf moves as it is.
     #[inline(never)]
-    fn push_down(&mut self, leaf: &mut Child<V>) {
+    fn push_down(&mut self, leaf: &mut Child<V>, cut: usize) {
         if let Some(NodeMut::Leaf(l)) = leaf.get_mut() {
             if l.h.watch.is_unset() {
                 return;
@@ -213,11 +220,47 @@ impl<V: Clone> Recorder<V> {
             unreachable!("pushing down a leaf")
         };
         let (copy, chained) = Child::pushed_leaf(l);
-        let old = std::mem::replace(leaf, copy.clone());
+        self.hand_on(leaf, copy, chained, cut);
+    }
+
+    /// Private access to the inner node in `slot`, whose segment this
+    /// write changes and nothing else: an insert whose key shares `cut`
+    /// bytes with the node's path splits the segment above it, or a delete
+    /// merges its parent into it (`cut` 0: the deleted key was under none
+    /// of its prefixes). Its watchers must not hear of that, but for held
+    /// prefixes no longer than `cut`, so a shared node's copy carries its
+    /// watch on, as [`Recorder::push_down`]'s does. `seg` makes the new
+    /// segment from the old.
+    fn moved(&mut self, slot: &mut Child<V>, cut: usize, seg: impl FnOnce(&[u8]) -> Bytes) {
+        if self.all && !slot.is_unique() {
+            let (mut copy, chained) = slot.moved_inner();
+            if let Some(n) = copy.get_mut() {
+                let h = n.header_mut();
+                h.bytes = seg(&h.bytes);
+            }
+            self.hand_on(slot, copy, chained, cut);
+        } else {
+            let h = self.make_mut(slot, false).header_mut();
+            h.bytes = seg(&h.bytes);
+        }
+    }
+
+    /// Puts `copy` (chaining the watch at `chained`) in `slot`, and keeps
+    /// the old node and a handle on the copy for the commit to close (see
+    /// [`Extra::pushed`]). The handle makes a later write of the copy in
+    /// this transaction copy it again, so its watch then fires.
+    #[cold]
+    fn hand_on(&mut self, slot: &mut Child<V>, copy: Child<V>, chained: usize, cut: usize) {
+        let old = std::mem::replace(slot, copy.clone());
         self.extra
             .get_or_insert_with(Box::default)
             .pushed
-            .push((old, chained, copy));
+            .push(Moved {
+                old,
+                chained,
+                copy,
+                cut,
+            });
     }
 
     /// Records a node leaving the tree.
@@ -354,9 +397,15 @@ impl<V: Clone> Txn<V> {
                 let mut old = std::mem::replace(slot, inner);
                 if !old.is_leaf() {
                     // A root split off is superseded: its watch must fire
-                    // even when only the root is watched.
-                    let h = rec.make_mut(&mut old, is_root).header_mut();
-                    h.bytes = crate::bytes::small(h.bytes.get(cp..).unwrap_or_default());
+                    // even when only the root is watched. Any other keeps
+                    // its contents: its watch carries on.
+                    let below = |b: &[u8]| crate::bytes::small(b.get(cp..).unwrap_or_default());
+                    if is_root {
+                        let h = rec.make_mut(&mut old, true).header_mut();
+                        h.bytes = below(&h.bytes);
+                    } else {
+                        rec.moved(&mut old, depth + cp, below);
+                    }
                     if is_root {
                         // Only a root may hold fewer than two entries (a
                         // delete left it so): below the new root it merges
@@ -369,7 +418,7 @@ impl<V: Clone> Txn<V> {
                     // child, unchanged, so closing the watch is enough.
                     rec.nodes.push(old.clone());
                 } else if rec.all {
-                    rec.push_down(&mut old);
+                    rec.push_down(&mut old, depth + cp);
                 }
                 slot.place(depth + cp, old);
                 self.len += 1;
@@ -869,8 +918,8 @@ fn pass_to_child<V: Clone>(rec: &mut Recorder<V>, slot: &mut Child<V>, b: u8) {
             unreachable!("a private node")
         };
         let front = std::mem::take(&mut node.header_mut().bytes);
-        let c = rec.make_mut(&mut child, false).header_mut();
-        c.bytes = crate::bytes::Bytes::concat(&front, &c.bytes);
+        // What was removed beside the child was under none of its prefixes.
+        rec.moved(&mut child, 0, |b| Bytes::concat(&front, b));
     }
     *slot = child;
 }

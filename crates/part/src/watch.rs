@@ -13,41 +13,50 @@ use std::time::{Duration, Instant};
 use event_listener::{Event, EventListener};
 use thin_vec::ThinVec;
 
-use crate::lazy::LazyWatch;
 use crate::sync::{AtomicBool, Mutex, Ordering};
 
 /// The shared state behind a live watch.
 pub(crate) struct WatchInner {
     closed: AtomicBool,
     event: Event,
-    /// A leaf's watch for prefix readers (allocated on first use): fires
-    /// with this one, and also when a key is pushed in beside the leaf
-    /// (`LazyWatch::prefix_watch`).
-    pub(crate) narrow: LazyWatch,
-    /// Point watches of earlier versions of this leaf, moved aside by an
-    /// insert without a change of value: they fire with this one. Weak: a
-    /// watch nobody holds needs no firing. Set before the leaf is published.
+    /// Point watches of earlier versions of this leaf, or end-of-node
+    /// prefix watches of earlier versions of this inner node, moved aside
+    /// by a write that kept their contents (a push-down, a segment split
+    /// above the node, a merge into it): they fire with this one. Weak: a
+    /// watch nobody holds needs no firing. Set before the node is published.
     earlier: ThinVec<Weak<WatchInner>>,
-    /// Watches on keys missing from the tree whose path ends at this
-    /// watch's node: when the node is superseded, the commit hands each to
-    /// the node its key's path ends at in the new tree, and fires only
-    /// those whose key it inserted (`Notifier`).
+    /// Watches kept by this watch's node for readers whose question is
+    /// narrower than the node (`Gap`): when the node is superseded the
+    /// commit fires, moves or hands on each (`Notifier`, design.md).
     gaps: Mutex<Gaps>,
 }
 
-/// What a missing-key watch waits for: `key` inserted, or (`prefix`) any
-/// key under it.
+/// What a watch kept in a node's list waits for.
 pub(crate) struct Gap {
     pub(crate) key: Box<[u8]>,
-    pub(crate) prefix: bool,
+    pub(crate) kind: GapKind,
 }
 
-/// A watch's missing-key watches. (`ThinVec`s here and in `earlier`: one
-/// word each while empty, as they nearly always are; a live watch takes
-/// 72 bytes with its counts.)
+/// The question behind a [`Gap`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum GapKind {
+    /// `key`, missing from the tree, is inserted.
+    Missing,
+    /// A key under the prefix `key`, none in the tree, is inserted.
+    Empty,
+    /// The keys under the prefix `key`, all below this node, change: kept
+    /// by a leaf (the one key under it) or an inner node whose segment the
+    /// prefix ends inside. Keyed by the prefix's length, because a write
+    /// that splits the path above this node reaches only the shorter
+    /// prefixes (`WatchInner::hand_on`).
+    Held,
+}
+
+/// A watch's listed watches. (`ThinVec`s here and in `earlier`: one word
+/// each while empty, as they nearly always are.)
 #[derive(Default)]
 struct Gaps {
-    /// Closed: later missing-key readers get a closed watch.
+    /// Closed: later readers get a closed watch.
     done: bool,
     list: ThinVec<(Gap, Arc<WatchInner>)>,
 }
@@ -88,7 +97,8 @@ impl Drop for Gaps {
     }
 }
 
-/// Where a superseded node's missing-key watches go (`Notifier`).
+/// Where a superseded node's missing-key and empty-prefix watches go
+/// (`Notifier`).
 pub(crate) type Home<'a> = Option<&'a dyn Fn(Gap, Arc<WatchInner>)>;
 
 impl WatchInner {
@@ -96,7 +106,6 @@ impl WatchInner {
         WatchInner {
             closed: AtomicBool::new(false),
             event: Event::new(),
-            narrow: LazyWatch::new(),
             earlier: ThinVec::new(),
             gaps: Mutex::new(Gaps::default()),
         }
@@ -107,29 +116,28 @@ impl WatchInner {
         self.gaps.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A watch on `key` (with `prefix`: on any key under it), missing
-    /// from the tree, whose path ends at this watch's node: closed if the
-    /// node is.
-    pub(crate) fn gap_watch(&self, key: &[u8], prefix: bool) -> Watch {
+    /// A watch on `gap` (see [`GapKind`]) kept by this watch's node:
+    /// closed if the node is.
+    pub(crate) fn gap_watch(&self, key: &[u8], kind: GapKind) -> Watch {
         let mut g = self.gaps();
         if g.done {
             return Watch::closed();
         }
-        let same = |(gap, _): &&(Gap, Arc<WatchInner>)| gap.prefix == prefix && *gap.key == *key;
+        let same = |(gap, _): &&(Gap, Arc<WatchInner>)| gap.kind == kind && *gap.key == *key;
         if let Some((_, w)) = g.list.iter().find(same) {
             return Watch::from_inner(w.clone());
         }
         let w = Arc::new(WatchInner::new());
         let gap = Gap {
             key: key.into(),
-            prefix,
+            kind,
         };
         g.push(gap, w.clone());
         Watch::from_inner(w)
     }
 
-    /// Takes on the missing-key watch `w` on `gap`; fires it at once if
-    /// this watch's node is already superseded.
+    /// Takes on the listed watch `w` on `gap`; fires it at once if this
+    /// watch's node is already superseded.
     pub(crate) fn adopt_gap(&self, gap: Gap, w: Arc<WatchInner>) {
         let mut g = self.gaps();
         if g.done {
@@ -140,8 +148,9 @@ impl WatchInner {
         }
     }
 
-    /// A watch for the copy of a leaf whose watch is `prev`: it fires
-    /// `prev` too (and what `prev` would fire), but has its own `narrow`.
+    /// A watch for a copy of the node whose watch is `prev`, made by a
+    /// write that kept the node's contents: it fires `prev` too (and what
+    /// `prev` would fire), but keeps its own list.
     pub(crate) fn successor(prev: &Arc<WatchInner>) -> Self {
         let mut earlier: ThinVec<Weak<WatchInner>> = prev
             .earlier
@@ -161,23 +170,12 @@ impl WatchInner {
         self.close_with(None);
     }
 
-    /// [`close`], handing this watch's missing-key watches (and its
-    /// `narrow` watch's) to `home` instead of firing them.
+    /// [`close`], handing this watch's missing-key and empty-prefix
+    /// watches to `home` instead of firing them.
     ///
     /// [`close`]: WatchInner::close
     pub(crate) fn close_with(&self, home: Home<'_>) {
-        let gaps = {
-            let mut g = self.gaps();
-            g.done = true;
-            g.take()
-        };
-        for (gap, w) in gaps {
-            match home {
-                Some(h) => h(gap, w),
-                None => w.close(),
-            }
-        }
-        self.narrow.close_with(home);
+        self.close_list(usize::MAX, None, home);
         // SeqCst pairs with the SeqCst load after `listen()` in `poll_closed`:
         // either the waiter sees the flag or its listener is registered before
         // `notify` runs.
@@ -187,6 +185,33 @@ impl WatchInner {
                 if let Some(w) = w.upgrade() {
                     w.close_with(home);
                 }
+            }
+        }
+    }
+
+    /// For a node a write copied keeping its contents, the copy's watch
+    /// chaining this one (so this one stays open): closes the list, handing
+    /// missing-key and empty-prefix watches to `home` (the path to their
+    /// key changed), firing the held prefixes no longer than `cut` (the
+    /// write's key shares `cut` bytes with the node's path, so it is under
+    /// them) and handing the longer ones to `to`, the copy's watch (or
+    /// firing them, when the copy has none).
+    pub(crate) fn hand_on(&self, cut: usize, to: Option<&WatchInner>, home: Home<'_>) {
+        self.close_list(cut, to, home);
+    }
+
+    fn close_list(&self, cut: usize, to: Option<&WatchInner>, home: Home<'_>) {
+        let gaps = {
+            let mut g = self.gaps();
+            g.done = true;
+            g.take()
+        };
+        for (gap, w) in gaps {
+            match (gap.kind, home, to) {
+                (GapKind::Held, _, Some(to)) if gap.key.len() > cut => to.adopt_gap(gap, w),
+                (GapKind::Held, _, _) => w.close(),
+                (_, Some(h), _) => h(gap, w),
+                (_, None, _) => w.close(),
             }
         }
     }

@@ -311,6 +311,65 @@ fn a_narrow_prefix_watches_its_leaf_not_the_siblings() {
     check(&t4).unwrap();
 }
 
+/// An insert that leaves a watched node's path inside its segment splits
+/// the segment above the node: the node keeps its keys, so a prefix that
+/// ends where the node does stays quiet, as does one ending inside the
+/// segment below the split; one ending at or above it has the new key
+/// under it and fires. The next write under the node fires the quiet ones.
+#[test]
+fn a_segment_split_above_a_node_reaches_only_the_shorter_prefixes() {
+    let t = tree_of(&[b"user/alice/1", b"user/alice/2", b"zzz"]);
+    let end = t.prefix_watch(b"user/alice/").1;
+    let below = t.prefix_watch(b"user/alice").1;
+    let above = t.prefix_watch(b"user/").1;
+    let t2 = t.insert(b"user/bob/1", 1).unwrap().0;
+    assert!(above.is_closed(), "user/bob/1 is under user/");
+    assert!(!end.is_closed() && !below.is_closed());
+    // A reader of the old snapshot still gets a live watch on the node.
+    let late = t.prefix_watch(b"user/alice/").1;
+    assert!(!late.is_closed());
+    let t3 = t2.insert(b"zzz", 9).unwrap().0;
+    assert!(!end.is_closed() && !below.is_closed() && !late.is_closed());
+    t3.insert(b"user/alice/3", 3).unwrap();
+    assert!(end.is_closed() && below.is_closed() && late.is_closed());
+}
+
+/// A delete that leaves a node's parent with the node alone merges the
+/// parent into it: the node's keys stay, so its prefixes stay quiet; the
+/// parent's prefix, which held the deleted key, fires.
+#[test]
+fn a_merge_into_a_node_keeps_its_prefixes_quiet() {
+    let t = tree_of(&[b"k/a/x/1", b"k/a/x/2", b"k/a/y", b"z"]);
+    let end = t.prefix_watch(b"k/a/x/").1;
+    let inside = t.prefix_watch(b"k/a/x").1;
+    let parent = t.prefix_watch(b"k/a/").1;
+    let t2 = t.delete(b"k/a/y").0;
+    assert!(parent.is_closed());
+    assert!(!end.is_closed() && !inside.is_closed());
+    let (it, merged) = t2.prefix_watch(b"k/a/x/");
+    assert_eq!(it.count(), 2);
+    t2.insert(b"k/a/x/3", 3).unwrap();
+    assert!(end.is_closed() && inside.is_closed() && merged.is_closed());
+}
+
+/// A lone leaf's prefix watches are kept by length: an insert sharing two
+/// bytes with its key pushes it down and fires the prefixes of two bytes
+/// or fewer, not the longer ones nor the key's point watch.
+#[test]
+fn a_push_down_reaches_only_the_leaf_prefixes_the_new_key_is_under() {
+    let t = tree_of(&[b"abc123", b"zz"]);
+    let long = t.prefix_watch(b"abc1").1;
+    let short = t.prefix_watch(b"ab").1;
+    let point = t.get_watch(b"abc123").1;
+    let t2 = t.insert(b"abd", 1).unwrap().0;
+    assert!(short.is_closed());
+    assert!(!long.is_closed() && !point.is_closed());
+    let t3 = t2.insert(b"abe", 2).unwrap().0;
+    assert!(!long.is_closed() && !point.is_closed());
+    t3.insert(b"abc123", 7).unwrap();
+    assert!(long.is_closed() && point.is_closed());
+}
+
 /// Found by `part_model`: a point watch taken on the committed tree while
 /// an open transaction has already pushed the key's leaf down (`[0]` under
 /// `[0, 0]`) must not fire at that commit, and must fire at the key's next
