@@ -224,10 +224,6 @@ fn touched(probes: &mut [Probe], k: &[u8]) {
     }
 }
 
-fn shared(a: &[u8], b: &[u8]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
 /// Whether a write of `k` may fire `p`.
 fn reaches(p: &Probe, k: &[u8]) -> bool {
     !p.exact || p.covers(k)

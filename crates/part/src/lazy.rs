@@ -18,10 +18,12 @@
 //! (the reader sees `CLOSED` or a closed watch): a watch asked for during a
 //! commit is never lost.
 //!
-//! A leaf's slot also hands over: when an insert pushes the leaf down, the
-//! copy's slot gets a watch that fires the old one's (`successor`,
-//! `close_superseded`). And a watch carries lists the notifier moves to
-//! the committed tree (missing-key watches, `watch.rs`). design.md, "What
+//! A slot also hands over: when a write moves a node without changing what
+//! is under it (a leaf pushed down, an inner node whose segment is split
+//! above it or joined to its parent's), the copy's slot gets a watch that
+//! fires the old one's (`successor`, `close_superseded`). And a watch
+//! carries a list the notifier fires, moves or hands on (missing keys,
+//! empty and held prefixes: `watch.rs`). design.md, "What
 //! fires", has the rules.
 
 use crate::sync::{AtomicPtr, Ordering};

@@ -100,8 +100,8 @@ impl<V> Tree<V> {
     }
 
     /// Iterates the keys under `prefix` and returns a watch that fires once a
-    /// later commit changes anything under it (and for a few writes next to
-    /// it: design.md, "What fires").
+    /// later commit writes a key under it (and, when every key is under it,
+    /// at every commit: design.md, "What fires").
     pub fn prefix_watch(&self, prefix: &[u8]) -> (Iter<'_, V>, Watch) {
         let w = if self.opts.root_only_watch {
             self.root.header().watch.watch()
@@ -264,9 +264,9 @@ pub(crate) fn get_below<'a, V>(node: &'a Child<V>, key: &[u8], depth: usize) -> 
 
 /// Lookup that also returns the watch that covers the result: the leaf's
 /// when found; for a missing key, a missing-key watch kept by the node its
-/// path ends at (a leaf's in its prefix watch: only an insert that pushes
-/// the leaf down can add the key there), which the commit that supersedes
-/// that node moves on (`rehome`).
+/// path ends at (a leaf, where only an insert that pushes the leaf down
+/// can add the key), which the commit that supersedes that node moves on
+/// (`rehome`).
 pub(crate) fn get_watched<'a, V>(root: &'a Child<V>, key: &[u8]) -> (Option<&'a V>, Watch) {
     let (v, node) = get_with_node(root, key);
     if v.is_some() {

@@ -201,6 +201,41 @@ fn narrow_queries_ignore_their_siblings() {
     assert!(w_missing.is_closed());
 }
 
+/// A name that leaves the path of a watched prefix's node inside its
+/// segment (`user/alx` beside `user/alice/*`) splits the segment above
+/// the node; deleting it again merges the node back. Neither changes the
+/// result of `user/alice/` (which ends where the node does) or of
+/// `user/ali` (which ends inside it), so both stay quiet, until a write
+/// under them.
+#[test]
+fn writes_beside_a_prefix_that_move_its_node_leave_it_quiet() {
+    let f = fixture();
+    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+    for (i, n) in ["user/alice/1", "user/alice/2", "user/ann", "zed"]
+        .iter()
+        .enumerate()
+    {
+        f.table.insert(&mut w, obj(i as u32, n, &[], 0)).unwrap();
+    }
+    w.commit().unwrap();
+    drop(w);
+    let r = f.db.read_txn();
+    let (it, w_alice) = f.table.prefix_watch(&r, &f.by_name, "user/alice/").unwrap();
+    assert_eq!(it.count(), 2);
+    let (it, w_ali) = f.table.prefix_watch(&r, &f.by_name, "user/ali").unwrap();
+    assert_eq!(it.count(), 2);
+    write(&f, obj(10, "user/bob", &[], 0));
+    let alx = obj(11, "user/alx", &[], 0);
+    write(&f, alx.clone());
+    let mut w = f.db.write_txn(&[&f.table]).unwrap();
+    f.table.delete(&mut w, &alx).unwrap();
+    w.commit().unwrap();
+    drop(w);
+    assert!(!w_alice.is_closed() && !w_ali.is_closed());
+    write(&f, obj(12, "user/alice/3", &[], 0));
+    assert!(w_alice.is_closed() && w_ali.is_closed());
+}
+
 #[test]
 fn table_wide_watches_fire_on_any_write() {
     let f = populated();
