@@ -198,9 +198,7 @@ struct Probe {
     prefix: bool,
     watch: Watch,
     changed: bool,
-    /// With per-node watches, a point watch, or a prefix watch with no
-    /// result or with a key outside it (not the root's watch): it must
-    /// then stay quiet unless `near`.
+    /// With per-node watches: the watch must stay quiet unless `near`.
     exact: bool,
     /// The open transaction wrote a key under the watch (or the watched
     /// key).
@@ -428,13 +426,7 @@ fn run(u: &mut Unstructured) -> Result<()> {
                     (if prefix { x.starts_with(&k) } else { *x == k })
                         && committed.get(x) != model.get(x)
                 });
-                // A prefix every key is under has the root's watch, which
-                // fires on every commit.
-                let exact = !opts.root_only_watch
-                    && (!prefix
-                        || committed.is_empty()
-                        || committed.keys().any(|x| !x.starts_with(&k))
-                        || !committed.keys().any(|x| x.starts_with(&k)));
+                let exact = !opts.root_only_watch;
                 trace!("watch {k:?} prefix={prefix} exact={exact}");
                 let mut probe = Probe {
                     key: k,

@@ -131,17 +131,26 @@ impl LazyWatch {
         // exists (only `take`/`drop` through `&mut` release it).
         let w = unsafe { &*p };
         if p as usize == chained || copy.adopt(p) {
-            w.hand_on(cut, copy.live().as_deref(), home);
+            w.hand_on(cut, copy, home);
         } else {
             w.close_with(home);
         }
     }
 
-    /// The live watch, if one is installed (none is installed here).
-    fn live(&self) -> Option<Arc<WatchInner>> {
-        // Acquire: the caller reads the pointee.
+    /// Closes the root a split pushed under a new root (its copy `copy`
+    /// there, or what that merged into): its watch fires (`root_watch`
+    /// promises it for every commit), but held prefixes longer than `cut`,
+    /// which the new key is not under, move to `copy` (see
+    /// [`WatchInner::hand_on`]).
+    pub(crate) fn close_split_root(&self, copy: &LazyWatch, cut: usize, home: Home<'_>) {
+        // Acquire: we may dereference the pointer.
         let p = self.ptr.load(Ordering::Acquire);
-        (!p.is_null() && p != CLOSED).then(|| clone_raw(p))
+        if !p.is_null() && p != CLOSED {
+            // SAFETY: a live pointer stays owned by this slot while `&self`
+            // exists (only `take`/`drop` through `&mut` release it).
+            unsafe { &*p }.hand_on(cut, copy, home);
+        }
+        self.close_with(home);
     }
 
     /// Installs, in a slot nobody watched yet, a watch that also fires the
@@ -415,6 +424,35 @@ mod loom_tests {
                 next.close();
                 assert!(w.is_closed());
                 assert!(point.is_none_or(|p| p.is_closed()));
+            });
+        }
+    }
+
+    /// A reader of the old snapshot asks for a held prefix watch on a root
+    /// while the commit of a split closes it: the root's own watch fires;
+    /// the reader's is closed (the new key under its prefix, `cut` 2) or,
+    /// for a prefix the key is not under (`cut` 0), closed or moved to the
+    /// copy, and closed once the copy's fires.
+    #[test]
+    fn held_watch_racing_a_root_split_is_never_lost() {
+        for cut in [0, 2] {
+            loom::model(move || {
+                let slot = std::sync::Arc::new(LazyWatch::new());
+                let root = slot.watch();
+                let s2 = slot.clone();
+                let reader = loom::thread::spawn(move || {
+                    s2.inner()
+                        .map_or_else(Watch::closed, |w| w.gap_watch(b"ab", GapKind::Held))
+                });
+                let copy = LazyWatch::new();
+                slot.close_split_root(&copy, cut, None);
+                let w = reader.join().unwrap();
+                assert!(root.is_closed());
+                if cut >= 2 {
+                    assert!(w.is_closed());
+                }
+                copy.close();
+                assert!(w.is_closed());
             });
         }
     }

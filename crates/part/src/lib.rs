@@ -11,8 +11,8 @@
 //!   a later commit changes what the read depended on, and not for writes
 //!   elsewhere: a point watch (on a present or a missing key) exactly when
 //!   its key changes, an empty prefix's when a key under it comes, a prefix
-//!   watch for writes under the prefix (and, for a prefix every key is
-//!   under, for every commit: design.md, "What fires"). A node that nobody watches carries no
+//!   watch when a key under the prefix is written (design.md, "What
+//!   fires"). A node that nobody watches carries no
 //!   watch allocation at all. [`Options::root_only_watch`] keeps a single
 //!   watch at the root instead.
 //! * Memory: a node256 a transaction copies may keep the version it was

@@ -100,8 +100,7 @@ impl<V> Tree<V> {
     }
 
     /// Iterates the keys under `prefix` and returns a watch that fires once a
-    /// later commit writes a key under it (and, when every key is under it,
-    /// at every commit: design.md, "What fires").
+    /// later commit writes a key under it (design.md, "What fires").
     pub fn prefix_watch(&self, prefix: &[u8]) -> (Iter<'_, V>, Watch) {
         let w = if self.opts.root_only_watch {
             self.root.header().watch.watch()
@@ -393,6 +392,8 @@ pub(crate) fn prefix_watch_of<V>(root: &Child<V>, prefix: &[u8]) -> Watch {
         // (design.md, "Missing-key watches").
         End { empty: true, .. } => GapKind::Empty,
         End { inside: true, .. } => GapKind::Held,
+        // The root's own watch fires at every commit (`root_watch`).
+        End { node, .. } if std::ptr::eq(node, root) => GapKind::Held,
         // The prefix ends where this node's segment does: every key under
         // it lives here, and every key here is under it.
         End { node, .. } => return node.header().watch.watch(),

@@ -58,6 +58,8 @@ struct Moved<V> {
     chained: usize,
     copy: Child<V>,
     cut: usize,
+    /// A root split off: its own watch fires, only its held prefixes move.
+    root: bool,
 }
 
 impl<V> Default for Extra<V> {
@@ -111,8 +113,12 @@ impl<V> Drop for Notifier<V> {
                 w.close_with(home);
             }
             for m in extra.pushed {
-                let copy = &m.copy.header().watch;
-                (m.old.header().watch).close_superseded(m.chained, copy, m.cut, home);
+                let (old, copy) = (&m.old.header().watch, &m.copy.header().watch);
+                if m.root {
+                    old.close_split_root(copy, m.cut, home);
+                } else {
+                    old.close_superseded(m.chained, copy, m.cut, home);
+                }
             }
         }
     }
@@ -260,6 +266,34 @@ impl<V: Clone> Recorder<V> {
                 chained,
                 copy,
                 cut,
+                root: false,
+            });
+    }
+
+    /// An insert whose key shares `cut` bytes with the root's segment
+    /// splits it: the root, shared, moves below a new root as a private
+    /// copy (merged into its one entry if it has one, as only a root may
+    /// hold fewer than two). Its watch fires at commit, as a root's must,
+    /// but its held prefixes longer than `cut` move to what took its
+    /// contents (the new key is not under them).
+    #[cold]
+    fn split_root(&mut self, slot: &mut Child<V>, cut: usize, seg: impl FnOnce(&[u8]) -> Bytes) {
+        let old = slot.clone();
+        *slot = old.copy_for_write();
+        if let Some(n) = slot.get_mut() {
+            let h = n.header_mut();
+            h.bytes = seg(&h.bytes);
+        }
+        normalize(self, slot);
+        self.extra
+            .get_or_insert_with(Box::default)
+            .pushed
+            .push(Moved {
+                old,
+                chained: 0,
+                copy: slot.clone(),
+                cut,
+                root: true,
             });
     }
 
@@ -400,13 +434,13 @@ impl<V: Clone> Txn<V> {
                     // even when only the root is watched. Any other keeps
                     // its contents: its watch carries on.
                     let below = |b: &[u8]| crate::bytes::small(b.get(cp..).unwrap_or_default());
-                    if is_root {
+                    if !is_root {
+                        rec.moved(&mut old, depth + cp, below);
+                    } else if rec.all && !old.is_unique() {
+                        rec.split_root(&mut old, cp, below);
+                    } else {
                         let h = rec.make_mut(&mut old, true).header_mut();
                         h.bytes = below(&h.bytes);
-                    } else {
-                        rec.moved(&mut old, depth + cp, below);
-                    }
-                    if is_root {
                         // Only a root may hold fewer than two entries (a
                         // delete left it so): below the new root it merges
                         // into its one entry.

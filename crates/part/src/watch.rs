@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use event_listener::{Event, EventListener};
 use thin_vec::ThinVec;
 
+use crate::lazy::LazyWatch;
 use crate::sync::{AtomicBool, Mutex, Ordering};
 
 /// The shared state behind a live watch.
@@ -175,7 +176,7 @@ impl WatchInner {
     ///
     /// [`close`]: WatchInner::close
     pub(crate) fn close_with(&self, home: Home<'_>) {
-        self.close_list(usize::MAX, None, home);
+        self.close_list(home, |_, w| w.close());
         // SeqCst pairs with the SeqCst load after `listen()` in `poll_closed`:
         // either the waiter sees the flag or its listener is registered before
         // `notify` runs.
@@ -189,29 +190,40 @@ impl WatchInner {
         }
     }
 
-    /// For a node a write copied keeping its contents, the copy's watch
-    /// chaining this one (so this one stays open): closes the list, handing
-    /// missing-key and empty-prefix watches to `home` (the path to their
-    /// key changed), firing the held prefixes no longer than `cut` (the
-    /// write's key shares `cut` bytes with the node's path, so it is under
-    /// them) and handing the longer ones to `to`, the copy's watch (or
-    /// firing them, when the copy has none).
-    pub(crate) fn hand_on(&self, cut: usize, to: Option<&WatchInner>, home: Home<'_>) {
-        self.close_list(cut, to, home);
+    /// For a node a write copied keeping its contents: closes the list,
+    /// handing missing-key and empty-prefix watches to `home` (the path to
+    /// their key changed), firing the held prefixes no longer than `cut`
+    /// (the write's key shares `cut` bytes with the node's path, so it is
+    /// under them) and handing the longer ones to the copy's watch `to`
+    /// (installed if need be; fired when the copy is already superseded).
+    /// The watch itself stays open (the copy's chains it) unless the
+    /// caller closes it.
+    pub(crate) fn hand_on(&self, cut: usize, to: &LazyWatch, home: Home<'_>) {
+        let mut copy = None;
+        self.close_list(home, |gap, w| {
+            if gap.key.len() <= cut {
+                return w.close();
+            }
+            match copy.get_or_insert_with(|| to.inner()) {
+                Some(to) => to.adopt_gap(gap, w),
+                None => w.close(),
+            }
+        });
     }
 
-    fn close_list(&self, cut: usize, to: Option<&WatchInner>, home: Home<'_>) {
+    /// Marks the list closed and empties it: missing-key and empty-prefix
+    /// watches go to `home` (or fire), held prefixes to `held`.
+    fn close_list(&self, home: Home<'_>, mut held: impl FnMut(Gap, Arc<WatchInner>)) {
         let gaps = {
             let mut g = self.gaps();
             g.done = true;
             g.take()
         };
         for (gap, w) in gaps {
-            match (gap.kind, home, to) {
-                (GapKind::Held, _, Some(to)) if gap.key.len() > cut => to.adopt_gap(gap, w),
-                (GapKind::Held, _, _) => w.close(),
-                (_, Some(h), _) => h(gap, w),
-                (_, None, _) => w.close(),
+            match (gap.kind, home) {
+                (GapKind::Held, _) => held(gap, w),
+                (_, Some(h)) => h(gap, w),
+                (_, None) => w.close(),
             }
         }
     }

@@ -352,6 +352,38 @@ fn a_merge_into_a_node_keeps_its_prefixes_quiet() {
     assert!(end.is_closed() && inside.is_closed() && merged.is_closed());
 }
 
+/// Prefixes every key is under end in the root's segment. An insert that
+/// leaves that segment splits the root: the root's own watch fires (it
+/// watches the whole tree), and so do the prefixes the new key is under,
+/// but not the longer ones. Also when the root had a single entry and
+/// merges into it as it moves down.
+#[test]
+fn a_root_split_reaches_only_the_prefixes_the_new_key_is_under() {
+    let t = tree_of(&[b"node-1", b"node-2"]);
+    let (end, inside, short) = (
+        t.prefix_watch(b"node-").1,
+        t.prefix_watch(b"nod").1,
+        t.prefix_watch(b"no").1,
+    );
+    let root = t.root_watch();
+    let t2 = t.insert(b"noX", 1).unwrap().0;
+    assert!(root.is_closed() && short.is_closed());
+    assert!(!end.is_closed() && !inside.is_closed());
+    let t3 = t2.insert(b"other", 2).unwrap().0;
+    assert!(!end.is_closed() && !inside.is_closed());
+    t3.insert(b"node-3", 3).unwrap();
+    assert!(end.is_closed() && inside.is_closed());
+
+    // A root left with one entry by a delete.
+    let t = tree_of(&[b"a/x/1", b"a/x/2", b"a/y"]).delete(b"a/y").0;
+    let (top, node) = (t.prefix_watch(b"a/").1, t.prefix_watch(b"a/x/").1);
+    let t2 = t.insert(b"b", 1).unwrap().0;
+    assert!(!top.is_closed() && !node.is_closed());
+    assert_eq!(t2.prefix(b"a/").count(), 2);
+    t2.delete(b"a/x/1");
+    assert!(top.is_closed() && node.is_closed());
+}
+
 /// A lone leaf's prefix watches are kept by length: an insert sharing two
 /// bytes with its key pushes it down and fires the prefixes of two bytes
 /// or fewer, not the longer ones nor the key's point watch.

@@ -663,20 +663,6 @@ proptest! {
     }
 }
 
-/// The length of the longest prefix `a` and `b` share.
-fn shared(a: &[u8], b: &[u8]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// The longest prefix `p` shares with a key of `t` outside it; `None` when
-/// every key is under `p` (its watch is then the root's).
-fn reach(t: &Tree<u32>, p: &[u8]) -> Option<usize> {
-    t.iter()
-        .filter(|(k, _)| !k.starts_with(p))
-        .map(|(k, _)| shared(k, p))
-        .max()
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
@@ -684,14 +670,12 @@ proptest! {
     /// snapshot kept or dropped). A point watch on a present key fires
     /// exactly at the first commit that writes the key, whatever inserts
     /// push its leaf down meanwhile; one on a missing key exactly at the
-    /// first commit that inserts it; and a prefix watch on an empty result
-    /// exactly at the first commit that inserts a key under it. A prefix watch with a result fires by
-    /// the first commit that changes the result, and stays quiet through
-    /// commits of keys that cannot reach it: with `m` the longest prefix it
-    /// shares with a key outside it, inserts and updates sharing at most `m`
-    /// bytes with it, and deletes sharing fewer (a delete sharing `m` may
-    /// merge the prefix's node into its parent). Where the prefix reaches a
-    /// single leaf, a write to that leaf's sibling is such a write.
+    /// first commit that inserts it; a prefix watch on an empty result
+    /// exactly at the first commit that inserts a key under it; and a
+    /// prefix watch with a result by the first commit that changes the
+    /// result, staying quiet through every commit that writes no key under
+    /// the prefix (however it splits, merges or pushes down the nodes
+    /// around it, and when every key is under the prefix).
     #[test]
     fn watches_stay_quiet_for_writes_that_cannot_reach_them(
         init in proptest::collection::vec((key(), any::<u32>()), 1..60),
@@ -726,18 +710,13 @@ proptest! {
             .filter(|k| t0.get(k).is_none())
             .map(|k| (k.clone(), t0.get_watch(k).1, false))
             .collect();
-        // (prefix, watch, result when taken, m, a write that may reach it seen)
+        // (prefix, watch, result when taken, a write under it seen)
         let mut prefix_watches: Vec<_> = prefixes
             .iter()
             .map(|p| {
                 let (it, w) = t0.prefix_watch(p);
                 let result = collect(it);
-                let m = reach(&t0, p);
-                // `m`: None for an empty result (exact: quiet until a key
-                // under the prefix is inserted), `usize::MAX` for a prefix
-                // every key is under (no rule: its watch is the root's).
-                let m = if result.is_empty() { None } else { Some(m.unwrap_or(usize::MAX)) };
-                (p.clone(), w, result, m, false)
+                (p.clone(), w, result, false)
             })
             .collect();
         let _kept = keep_snapshot.then(|| t0.clone());
@@ -771,10 +750,8 @@ proptest! {
                     *fired = hit;
                 }
             }
-            for (p, w, result, m, near) in &mut prefix_watches {
-                if let Some(m) = *m {
-                    *near |= m == usize::MAX || written.iter().any(|(k, _)| k.starts_with(p));
-                }
+            for (p, w, result, near) in &mut prefix_watches {
+                *near |= written.iter().any(|(k, _)| k.starts_with(p));
                 if collect(tree.prefix(p)) != *result {
                     prop_assert!(w.is_closed(), "prefix watch on {:?} not fired", p);
                     *near = true;
