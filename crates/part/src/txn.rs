@@ -258,16 +258,18 @@ impl<V: Clone> Recorder<V> {
     #[cold]
     fn hand_on(&mut self, slot: &mut Child<V>, copy: Child<V>, chained: usize, cut: usize) {
         let old = std::mem::replace(slot, copy.clone());
-        self.extra
-            .get_or_insert_with(Box::default)
-            .pushed
-            .push(Moved {
-                old,
-                chained,
-                copy,
-                cut,
-                root: false,
-            });
+        self.record(Moved {
+            old,
+            chained,
+            copy,
+            cut,
+            root: false,
+        });
+    }
+
+    #[cold]
+    fn record(&mut self, m: Moved<V>) {
+        self.extra.get_or_insert_with(Box::default).pushed.push(m);
     }
 
     /// An insert whose key shares `cut` bytes with the root's segment
@@ -285,16 +287,14 @@ impl<V: Clone> Recorder<V> {
             h.bytes = seg(&h.bytes);
         }
         normalize(self, slot);
-        self.extra
-            .get_or_insert_with(Box::default)
-            .pushed
-            .push(Moved {
-                old,
-                chained: 0,
-                copy: slot.clone(),
-                cut,
-                root: true,
-            });
+        let copy = slot.clone();
+        self.record(Moved {
+            old,
+            chained: 0,
+            copy,
+            cut,
+            root: true,
+        });
     }
 
     /// Records a node leaving the tree.
