@@ -1,7 +1,8 @@
 //! One-insert transactions on 1000 string keys, timed per insert: inserts
 //! that push a shared leaf down under a new inner node (`obj-000123x`
-//! beside `obj-000123`), which copy the leaf (design.md, "Prefix watches of
-//! leaves"), and inserts of new keys beside them (`obj-001000`, ...).
+//! beside `obj-000123`), which copy the leaf (design.md, "Writes that keep
+//! a node's contents"), and inserts of new keys beside them (`obj-001000`,
+//! ...).
 //!
 //! `cargo run --release -p part --example push_down -- [KEYS] [ROUNDS]`
 //! prints the best of ROUNDS (default 1000 keys, 300 rounds).
@@ -9,12 +10,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+#[path = "support/args.rs"]
+mod args;
+
 fn main() {
-    let mut args = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse::<usize>().ok());
-    let n = args.next().unwrap_or(1000);
-    let rounds = args.next().unwrap_or(300).max(1);
+    let (n, rounds) =
+        args::keys_and_rounds("cargo run --release -p part --example push_down -- [KEYS] [ROUNDS]");
     let key = |i: usize, push: bool| {
         if push {
             format!("obj-{i:06}x").into_bytes()

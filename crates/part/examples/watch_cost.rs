@@ -11,12 +11,13 @@
 
 use std::time::Instant;
 
+#[path = "support/args.rs"]
+mod args;
+
 fn main() {
-    let mut args = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse::<usize>().ok());
-    let n = args.next().unwrap_or(1000);
-    let rounds = args.next().unwrap_or(300).max(1);
+    let (n, rounds) = args::keys_and_rounds(
+        "cargo run --release -p part --example watch_cost -- [KEYS] [ROUNDS]",
+    );
     let keys: Vec<Vec<u8>> = (0..n).map(|i| format!("obj-{i:06}").into_bytes()).collect();
     let nodes: Vec<Vec<u8>> = keys.iter().map(|k| k[..k.len() - 1].to_vec()).collect();
     // [kind][pass]

@@ -405,17 +405,17 @@ impl<V> Child<V> {
     }
 
     /// A private copy of this shared inner node for a write that keeps
-    /// its contents and changes only its segment: its watch chains this
-    /// node's (`LazyWatch::successor`); also returns the chained watch's
-    /// address, as [`Child::pushed_leaf`] does.
-    pub(crate) fn moved_inner(&self) -> (Self, usize)
+    /// its contents and changes only its segment, to `seg`: its watch
+    /// chains this node's (`LazyWatch::successor`); also returns the
+    /// chained watch's address, as [`Child::pushed_leaf`] does.
+    pub(crate) fn moved_inner(&self, seg: Bytes) -> (Self, usize)
     where
         V: Clone,
     {
         let (watch, chained) = self.header().watch.successor();
         let mut copy = self.copy_for_write();
         if let Some(n) = copy.get_mut() {
-            n.header_mut().watch = watch;
+            *n.header_mut() = Header { bytes: seg, watch };
         }
         (copy, chained)
     }

@@ -271,15 +271,11 @@ pub(crate) fn get_watched<'a, V>(root: &'a Child<V>, key: &[u8]) -> (Option<&'a 
     if v.is_some() {
         return (v, node.header().watch.watch());
     }
-    let w = gap_home(node).map_or_else(Watch::closed, |at| at.gap_watch(key, GapKind::Missing));
+    // The node's watch keeps the watches on missing keys whose path ends
+    // there (installed if need be; none once the node is superseded).
+    let at = node.header().watch.inner();
+    let w = at.map_or_else(Watch::closed, |at| at.gap_watch(key, GapKind::Missing));
     (None, w)
-}
-
-/// The watch of `node`, which keeps the watches on missing keys whose
-/// path ends there and on prefixes narrower than the node (installed if
-/// need be); `None` once the node is superseded.
-fn gap_home<V>(node: &Child<V>) -> Option<Arc<WatchInner>> {
-    node.header().watch.inner()
 }
 
 /// Moves the watch `w` on a missing key or an empty prefix (`gap`), whose
@@ -296,7 +292,7 @@ pub(crate) fn rehome<V>(root: &Child<V>, gap: Gap, w: Arc<WatchInner>) {
             (Some(_), _) => None,
         }
     };
-    match at.and_then(gap_home) {
+    match at.and_then(|n| n.header().watch.inner()) {
         Some(at) => at.adopt_gap(gap, w),
         None => w.close(),
     }
@@ -398,5 +394,6 @@ pub(crate) fn prefix_watch_of<V>(root: &Child<V>, prefix: &[u8]) -> Watch {
         // it lives here, and every key here is under it.
         End { node, .. } => return node.header().watch.watch(),
     };
-    gap_home(end.node).map_or_else(Watch::closed, |at| at.gap_watch(prefix, kind))
+    let at = end.node.header().watch.inner();
+    at.map_or_else(Watch::closed, |at| at.gap_watch(prefix, kind))
 }

@@ -235,19 +235,14 @@ impl<V: Clone> Recorder<V> {
     /// merges its parent into it (`cut` 0: the deleted key was under none
     /// of its prefixes). Its watchers must not hear of that, but for held
     /// prefixes no longer than `cut`, so a shared node's copy carries its
-    /// watch on, as [`Recorder::push_down`]'s does. `seg` makes the new
-    /// segment from the old.
-    fn moved(&mut self, slot: &mut Child<V>, cut: usize, seg: impl FnOnce(&[u8]) -> Bytes) {
+    /// watch on, as [`Recorder::push_down`]'s does. `seg` is the new
+    /// segment.
+    fn moved(&mut self, slot: &mut Child<V>, cut: usize, seg: Bytes) {
         if self.all && !slot.is_unique() {
-            let (mut copy, chained) = slot.moved_inner();
-            if let Some(n) = copy.get_mut() {
-                let h = n.header_mut();
-                h.bytes = seg(&h.bytes);
-            }
+            let (copy, chained) = slot.moved_inner(seg);
             self.hand_on(slot, copy, chained, cut);
         } else {
-            let h = self.make_mut(slot, false).header_mut();
-            h.bytes = seg(&h.bytes);
+            self.make_mut(slot, false).header_mut().bytes = seg;
         }
     }
 
@@ -279,12 +274,11 @@ impl<V: Clone> Recorder<V> {
     /// but its held prefixes longer than `cut` move to what took its
     /// contents (the new key is not under them).
     #[cold]
-    fn split_root(&mut self, slot: &mut Child<V>, cut: usize, seg: impl FnOnce(&[u8]) -> Bytes) {
+    fn split_root(&mut self, slot: &mut Child<V>, cut: usize, seg: Bytes) {
         let old = slot.clone();
         *slot = old.copy_for_write();
         if let Some(n) = slot.get_mut() {
-            let h = n.header_mut();
-            h.bytes = seg(&h.bytes);
+            n.header_mut().bytes = seg;
         }
         normalize(self, slot);
         let copy = slot.clone();
@@ -433,14 +427,13 @@ impl<V: Clone> Txn<V> {
                     // A root split off is superseded: its watch must fire
                     // even when only the root is watched. Any other keeps
                     // its contents: its watch carries on.
-                    let below = |b: &[u8]| crate::bytes::small(b.get(cp..).unwrap_or_default());
+                    let below = crate::bytes::small(old.bytes().get(cp..).unwrap_or_default());
                     if !is_root {
                         rec.moved(&mut old, depth + cp, below);
                     } else if rec.all && !old.is_unique() {
                         rec.split_root(&mut old, cp, below);
                     } else {
-                        let h = rec.make_mut(&mut old, true).header_mut();
-                        h.bytes = below(&h.bytes);
+                        rec.make_mut(&mut old, true).header_mut().bytes = below;
                         // Only a root may hold fewer than two entries (a
                         // delete left it so): below the new root it merges
                         // into its one entry.
@@ -953,7 +946,8 @@ fn pass_to_child<V: Clone>(rec: &mut Recorder<V>, slot: &mut Child<V>, b: u8) {
         };
         let front = std::mem::take(&mut node.header_mut().bytes);
         // What was removed beside the child was under none of its prefixes.
-        rec.moved(&mut child, 0, |b| Bytes::concat(&front, b));
+        let seg = Bytes::concat(&front, child.bytes());
+        rec.moved(&mut child, 0, seg);
     }
     *slot = child;
 }
