@@ -382,8 +382,8 @@ const FAR_NS: f64 = 100.0;
 /// of a cache line passed back and forth between them, in ns: the fastest
 /// of 20 rounds of 1000 round trips, since a round the scheduler or another
 /// thread interrupts only reads slower. On a two-CPU machine the two
-/// threads have one CPU each. The waits spin without `spin_loop`: on this
-/// host its PAUSE may exit to the hypervisor.
+/// threads have one CPU each. The waits spin without `spin_loop`, whose
+/// pause would add its own delay to what is timed.
 fn transfer_ns() -> f64 {
     use std::sync::atomic::{AtomicU64, Ordering::*};
     const TRIPS: u64 = 1000;
