@@ -20,6 +20,18 @@
 //! a version the other thread wrote: what following new versions costs).
 //! `STATEDB_BENCH_ONLY=N` runs N threads alone, for a profiler.
 //!
+//! `STATEDB_BENCH_CEILING=1` also runs, in every pair, two threads on a
+//! database each and two copies of this bench as one-thread processes at
+//! once (`STATEDB_BENCH_START_AT` lines up their clocks), and prints the
+//! shared table's scaling beside theirs: what the machine gives two
+//! threads that share nothing. `STATEDB_BENCH_FLOOR=1|2|3` runs the same
+//! operations on stand-ins instead of the database (see [`Floor`]: the
+//! least a shared table can pass between threads, and a bare part tree;
+//! `scripts/kv95_floor.py` sets them side by side), and
+//! `STATEDB_BENCH_SPLIT=1` times apart the reads that are the first to
+//! see another thread's commit, the first after the thread's own, and the
+//! rest.
+//!
 //! Two more for the protocol itself: `STATEDB_BENCH_WARM=N` runs N random
 //! single-row write transactions (in transactions of
 //! `STATEDB_BENCH_WARM_BATCH` rows, default 1) on each freshly filled
@@ -38,6 +50,7 @@ mod fast_mimalloc;
 static ALLOC: fast_mimalloc::FastMiMalloc = fast_mimalloc::FastMiMalloc;
 
 use std::hint::black_box;
+use std::sync::atomic::{fence, AtomicU64, Ordering::*};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -48,22 +61,25 @@ const OBJECTS: u64 = 100_000;
 
 /// (wall ops/s summed over threads, ops per on-CPU second summed over
 /// threads, p50 ns, p99 ns).
-fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
+fn run(threads: usize, secs: f64, private: bool) -> (f64, f64, u64, u64) {
     let b = Arc::new(new_db_layout(false, env_layout()));
     fill(&b, OBJECTS);
     warm(&b);
+    start_at();
     let before = lock_figures(&b);
     let t_run = Instant::now();
     let barrier = Arc::new(Barrier::new(threads));
     let write_pct = write_pct();
     // The diagnostics in the module docs.
-    let private = std::env::var_os("STATEDB_BENCH_PRIVATE").is_some();
+    let private = private || std::env::var_os("STATEDB_BENCH_PRIVATE").is_some();
     let elsewhere = std::env::var_os("STATEDB_BENCH_WRITE_ELSEWHERE").is_some();
     let stale = std::env::var_os("STATEDB_BENCH_STALE").is_some();
     let trace = std::env::var_os("STATEDB_BENCH_TRACE").is_some();
+    let split = std::env::var_os("STATEDB_BENCH_SPLIT").is_some();
+    let floor = env_num::<u8>("STATEDB_BENCH_FLOOR").map(|mode| Arc::new(Floor::new(mode)));
     let handles: Vec<_> = (0..threads)
         .map(|t| {
-            let (shared, barrier) = (b.clone(), barrier.clone());
+            let (shared, barrier, floor) = (b.clone(), barrier.clone(), floor.clone());
             std::thread::spawn(move || {
                 let b = if private && t > 0 {
                     let own = Arc::new(new_db_layout(false, env_layout()));
@@ -97,13 +113,26 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                 let mut t0 = start;
                 // (time, count) of write transactions; the rest are reads.
                 let mut writes = (0u64, 0u64);
+                // STATEDB_BENCH_SPLIT: (time, count) of reads that were the
+                // first to see another thread's commit, of the first after
+                // this thread's own, and of the rest.
+                let mut kinds = [(0u64, 0u64); 3];
+                let mut last_rev = 0;
+                let mut own = false;
+                let mut kind = 2;
                 // STATEDB_BENCH_TRACE: ops done at every 0.1 s, printed
                 // by thread 0 (does the rate drift within a run?).
                 let mut next_mark = start;
                 loop {
                     let id = rng.gen_range(0..OBJECTS);
                     let write = rng.gen_ratio(write_pct, 100);
-                    if write {
+                    if let Some(f) = &floor {
+                        if write {
+                            f.write(id);
+                        } else {
+                            black_box(f.read(id));
+                        }
+                    } else if write {
                         let mut w = wb.db.write_txn(&[&wb.table]).unwrap();
                         wb.table.insert(&mut w, obj(id)).unwrap();
                         w.commit().unwrap();
@@ -113,6 +142,15 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                             None => reader.read_txn(),
                         };
                         black_box(b.table.get(r, &b.by_id, &id).unwrap());
+                        if split {
+                            let rev = b.table.revision(r).unwrap();
+                            kind = match (rev != last_rev, own) {
+                                (true, false) => 0,
+                                (true, true) => 1,
+                                _ => 2,
+                            };
+                            (last_rev, own) = (rev, false);
+                        }
                     }
                     ops += 1;
                     let t1 = Instant::now();
@@ -121,6 +159,10 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                     if write {
                         writes.0 += ns;
                         writes.1 += 1;
+                        own = true;
+                    } else if split {
+                        kinds[kind].0 += ns;
+                        kinds[kind].1 += 1;
                     }
                     t0 = t1;
                     if ops.is_multiple_of(256) {
@@ -134,6 +176,13 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                                     .map(|w| format!("{:.2}", (w[1] - w[0]) as f64 / 1e5))
                                     .collect();
                                 println!("  thread 0, M ops/s per 0.1 s: {}", rates.join(" "));
+                            }
+                            if split {
+                                let [f, o, r] = kinds.map(|(t, n)| (t / n.max(1), n));
+                                println!(
+                                    "  thread {t}: reads first after another thread's commit {} ns ({}), after its own {} ns ({}), the rest {} ns ({})",
+                                    f.0, f.1, o.0, o.1, r.0, r.1
+                                );
                             }
                             let cpu = Duration::from_nanos(thread_cpu_ns() - cpu0);
                             return (ops, t1 - start, cpu, lat, writes);
@@ -178,6 +227,111 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
         waited.as_secs_f64() * 1e6 / writes.max(1) as f64,
     );
     (total, per_cpu, all.pct(0.5), all.pct(0.99))
+}
+
+/// `STATEDB_BENCH_FLOOR=1`: the least any shared table must pass between
+/// threads, for comparison: each object in a cache line of its own,
+/// written in place under a sequence count (no tree, no snapshot, no
+/// allocation), so a read moves a line only when it reads an object the
+/// other thread wrote. `=2` adds what one published version costs at the
+/// least: a write takes one lock and bumps one version word, which every
+/// read loads. `=3` is a persistent tree without the database: part's
+/// tree of the objects, its root in an `ArcSwap` that a write replaces
+/// under one lock and a read loads (no tables, revisions, root vector or
+/// watches taken).
+struct Floor {
+    slots: Vec<FloorSlot>,
+    lock: CacheLinePad<parking_lot::Mutex<()>>,
+    version: CacheLinePad<AtomicU64>,
+    published: bool,
+    tree: Option<CacheLinePad<arc_swap::ArcSwap<part::Tree<triomphe::Arc<TestObject>>>>>,
+}
+
+#[repr(align(128))]
+struct CacheLinePad<T>(T);
+
+#[repr(align(64))]
+#[derive(Default)]
+struct FloorSlot {
+    seq: AtomicU64,
+    id: AtomicU64,
+    tags: AtomicU64,
+}
+
+impl Floor {
+    fn new(mode: u8) -> Self {
+        let n = if mode == 3 { 0 } else { OBJECTS };
+        let slots: Vec<FloorSlot> = (0..n).map(|_| FloorSlot::default()).collect();
+        for (i, s) in slots.iter().enumerate() {
+            s.id.store(i as u64, Relaxed);
+        }
+        Floor {
+            slots,
+            lock: CacheLinePad(parking_lot::Mutex::new(())),
+            version: CacheLinePad(AtomicU64::new(0)),
+            published: mode == 2,
+            tree: (mode == 3).then(|| {
+                let mut t = part::Tree::new().txn();
+                for id in 0..OBJECTS {
+                    t.insert(&id.to_be_bytes(), triomphe::Arc::new(obj(id)))
+                        .unwrap();
+                }
+                CacheLinePad(arc_swap::ArcSwap::from_pointee(t.commit()))
+            }),
+        }
+    }
+
+    fn read(&self, id: u64) -> (u64, u64) {
+        if let Some(t) = &self.tree {
+            return (t.0.load().get(&id.to_be_bytes()))
+                .map_or((0, 0), |o| (o.id, o.tags.len() as u64));
+        }
+        if self.published {
+            black_box(self.version.0.load(Acquire));
+        }
+        let s = &self.slots[id as usize];
+        loop {
+            let a = s.seq.load(Acquire);
+            let v = (s.id.load(Relaxed), s.tags.load(Relaxed));
+            fence(Acquire);
+            if a & 1 == 0 && s.seq.load(Relaxed) == a {
+                return v;
+            }
+        }
+    }
+
+    fn write(&self, id: u64) {
+        if let Some(t) = &self.tree {
+            let _g = self.lock.0.lock();
+            let (new, old) =
+                (t.0.load()
+                    .insert(&id.to_be_bytes(), triomphe::Arc::new(obj(id))))
+                .unwrap();
+            t.0.store(Arc::new(new));
+            drop(old);
+            return;
+        }
+        let _g = self.published.then(|| self.lock.0.lock());
+        let s = &self.slots[id as usize];
+        let mut a = s.seq.load(Relaxed);
+        loop {
+            if a & 1 == 0 {
+                match s.seq.compare_exchange_weak(a, a + 1, Acquire, Relaxed) {
+                    Ok(_) => break,
+                    Err(x) => a = x,
+                }
+            } else {
+                a = s.seq.load(Relaxed);
+            }
+        }
+        fence(Release);
+        s.id.store(id, Relaxed);
+        s.tags.fetch_add(1, Relaxed);
+        s.seq.store(a + 2, Release);
+        if self.published {
+            self.version.0.fetch_add(1, Release);
+        }
+    }
 }
 
 /// Latencies in log-linear buckets: each power of two of nanoseconds split
@@ -317,23 +471,39 @@ fn main() {
     let mut wall = Vec::new();
     let mut cpu = Vec::new();
     let only: Option<usize> = env_num("STATEDB_BENCH_ONLY").filter(|&n| n > 0);
+    let ceiling = std::env::var_os("STATEDB_BENCH_CEILING").is_some();
     // Per pair: (wall scaling, the slower of the probes around it).
     let mut placed = Vec::new();
+    // STATEDB_BENCH_CEILING, per pair: (two processes, a database per
+    // thread), each over the same one-thread run.
+    let mut beside: Vec<(f64, f64)> = Vec::new();
     for pair in 1..=pairs {
         if let Some(n) = only {
-            let (x, _, p50, p99) = run(n, secs);
+            let (x, _, p50, p99) = run(n, secs, false);
             println!("KV95 {n} thread(s) only: {x:>10.0} ops/s  p50 {p50} ns  p99 {p99} ns");
             continue;
         }
         let before = transfer_ns();
-        let (one, one_cpu, p50_1, p99_1) = run(1, secs);
+        let (one, one_cpu, p50_1, p99_1) = run(1, secs, false);
         println!(
             "KV95 1 thread : {one:>10.0} ops/s  ({one_cpu:>10.0} ops per CPU-second)  p50 {p50_1} ns  p99 {p99_1} ns"
         );
-        let (two, two_cpu, p50_2, p99_2) = run(2, secs);
+        let (two, two_cpu, p50_2, p99_2) = run(2, secs, false);
         println!(
             "KV95 2 threads: {two:>10.0} ops/s  ({two_cpu:>10.0} ops per CPU-second)  p50 {p50_2} ns  p99 {p99_2} ns"
         );
+        if ceiling {
+            let (private, ..) = run(2, secs, true);
+            let procs = two_processes(secs);
+            println!(
+                "KV95 sharing nothing (pair {pair}): two one-thread processes at once {procs:>10.0} ops/s ({:.2}x one thread), a database per thread {private:>10.0} ops/s ({:.2}x); the shared table reached {:.0}% and {:.0}% of them",
+                procs / one,
+                private / one,
+                100.0 * two / procs,
+                100.0 * two / private,
+            );
+            beside.push((procs / one, private / one));
+        }
         let apart = before.max(transfer_ns());
         println!(
             "KV95 scaling 1 -> 2 threads (pair {pair}): {:.2}x wall, {:.2}x per CPU-second (the latter discounts other load on the machine); CPUs {apart:.0} ns apart",
@@ -348,12 +518,24 @@ fn main() {
         let (lo, hi) = median_interval(&wall);
         println!(
             "KV95 scaling, median of {pairs} alternating pairs: {:.2}x wall, {:.2}x per CPU-second",
-            median(&mut wall),
+            median(&mut wall.clone()),
             median(&mut cpu)
         );
         println!(
             "KV95 scaling, 95% bootstrap interval of that median (wall): {lo:.2}x to {hi:.2}x"
         );
+        if !beside.is_empty() {
+            let mut procs: Vec<f64> = beside.iter().map(|b| b.0).collect();
+            let mut private: Vec<f64> = beside.iter().map(|b| b.1).collect();
+            let mut share: Vec<f64> = wall.iter().zip(&beside).map(|(w, b)| w / b.0).collect();
+            let (plo, phi) = median_interval(&procs);
+            println!(
+                "KV95 sharing nothing, medians of the same pairs: two processes {:.2}x (95% interval {plo:.2}x to {phi:.2}x), a database per thread {:.2}x; the shared table's scaling over the two processes' {:.2}",
+                median(&mut procs),
+                median(&mut private),
+                median(&mut share),
+            );
+        }
         for (name, near) in [("near", true), ("far", false)] {
             let mut v: Vec<f64> = (placed.iter())
                 .filter(|p| (p.1 < FAR_NS) == near)
@@ -371,6 +553,60 @@ fn main() {
     }
 }
 
+/// `STATEDB_BENCH_CEILING`: the summed ops/s of two copies of this bench
+/// run as one-thread processes at once, their clocks started together
+/// (`STATEDB_BENCH_START_AT`): what this machine gives two KV95 threads
+/// that share no memory at all. 0 if a copy could not run.
+fn two_processes(secs: f64) -> f64 {
+    use std::process::{Command, Stdio};
+    let Ok(exe) = std::env::current_exe() else {
+        return 0.0;
+    };
+    // Far enough ahead for both copies to start and fill their tables.
+    let at = unix_ns() + 1_500_000_000;
+    let children: Vec<_> = (0..2)
+        .filter_map(|_| {
+            Command::new(&exe)
+                .args([secs.to_string(), "1".into()])
+                .env("STATEDB_BENCH_ONLY", "1")
+                .env("STATEDB_BENCH_START_AT", at.to_string())
+                .env_remove("STATEDB_BENCH_CEILING")
+                .stdout(Stdio::piped())
+                .spawn()
+                .ok()
+        })
+        .collect();
+    let mut sum = 0.0;
+    for c in children {
+        let Ok(out) = c.wait_with_output() else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&out.stdout);
+        let rate = (text.lines())
+            .find_map(|l| l.strip_prefix("KV95 1 thread(s) only:"))
+            .and_then(|r| r.split_whitespace().next()?.parse::<f64>().ok());
+        sum += rate.unwrap_or(0.0);
+    }
+    sum
+}
+
+fn unix_ns() -> u128 {
+    (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)).map_or(0, |d| d.as_nanos())
+}
+
+/// `STATEDB_BENCH_START_AT` (ns since the Unix epoch): waits for that
+/// instant before the clock starts, so that processes started apart run
+/// their timed parts together.
+fn start_at() {
+    let Some(at) = env_num::<u128>("STATEDB_BENCH_START_AT") else {
+        return;
+    };
+    let now = unix_ns();
+    if at > now {
+        std::thread::sleep(Duration::from_nanos((at - now) as u64));
+    }
+}
+
 /// One-way cache-line transfer time, in ns, at or past which two CPUs count
 /// as far apart. This host's VMs move their two vCPUs between placements
 /// about 45 ns apart and about 200 ns apart for seconds at a time; at 200
@@ -385,7 +621,6 @@ const FAR_NS: f64 = 100.0;
 /// threads have one CPU each. The waits spin without `spin_loop`, whose
 /// pause would add its own delay to what is timed.
 fn transfer_ns() -> f64 {
-    use std::sync::atomic::{AtomicU64, Ordering::*};
     const TRIPS: u64 = 1000;
     const ROUNDS: u64 = 20;
     let ball = Arc::new(AtomicU64::new(0));
