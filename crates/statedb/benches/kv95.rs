@@ -117,7 +117,7 @@ fn run(threads: usize, secs: f64, private: bool) -> (f64, f64, u64, u64) {
                 // first to see another thread's commit, of the first after
                 // this thread's own, and of the rest.
                 let mut kinds = [(0u64, 0u64); 3];
-                let mut last_rev = 0;
+                let mut last_rev = b.table.revision(reader.read_txn()).unwrap();
                 let mut own = false;
                 let mut kind = 2;
                 // STATEDB_BENCH_TRACE: ops done at every 0.1 s, printed
