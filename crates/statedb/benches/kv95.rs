@@ -239,12 +239,23 @@ fn run(threads: usize, secs: f64, private: bool) -> (f64, f64, u64, u64) {
 /// tree of the objects, its root in an `ArcSwap` that a write replaces
 /// under one lock and a read loads (no tables, revisions, root vector or
 /// watches taken).
-struct Floor {
-    slots: Vec<FloorSlot>,
+enum Floor {
+    /// `=1` and `=2` (`published`).
+    Slots {
+        slots: Vec<FloorSlot>,
+        published: Option<Box<Published>>,
+    },
+    /// `=3`.
+    Tree {
+        lock: parking_lot::Mutex<()>,
+        root: CacheLinePad<arc_swap::ArcSwap<part::Tree<triomphe::Arc<TestObject>>>>,
+    },
+}
+
+/// Floor 2's one lock and one version word, on lines of their own.
+struct Published {
     lock: CacheLinePad<parking_lot::Mutex<()>>,
     version: CacheLinePad<AtomicU64>,
-    published: bool,
-    tree: Option<CacheLinePad<arc_swap::ArcSwap<part::Tree<triomphe::Arc<TestObject>>>>>,
 }
 
 #[repr(align(128))]
@@ -260,36 +271,44 @@ struct FloorSlot {
 
 impl Floor {
     fn new(mode: u8) -> Self {
-        let n = if mode == 3 { 0 } else { OBJECTS };
-        let slots: Vec<FloorSlot> = (0..n).map(|_| FloorSlot::default()).collect();
+        if mode == 3 {
+            let mut t = part::Tree::new().txn();
+            for id in 0..OBJECTS {
+                t.insert(&id.to_be_bytes(), triomphe::Arc::new(obj(id)))
+                    .unwrap();
+            }
+            return Floor::Tree {
+                lock: parking_lot::Mutex::new(()),
+                root: CacheLinePad(arc_swap::ArcSwap::from_pointee(t.commit())),
+            };
+        }
+        let slots: Vec<FloorSlot> = (0..OBJECTS).map(|_| FloorSlot::default()).collect();
         for (i, s) in slots.iter().enumerate() {
             s.id.store(i as u64, Relaxed);
         }
-        Floor {
+        Floor::Slots {
             slots,
-            lock: CacheLinePad(parking_lot::Mutex::new(())),
-            version: CacheLinePad(AtomicU64::new(0)),
-            published: mode == 2,
-            tree: (mode == 3).then(|| {
-                let mut t = part::Tree::new().txn();
-                for id in 0..OBJECTS {
-                    t.insert(&id.to_be_bytes(), triomphe::Arc::new(obj(id)))
-                        .unwrap();
-                }
-                CacheLinePad(arc_swap::ArcSwap::from_pointee(t.commit()))
+            published: (mode == 2).then(|| {
+                Box::new(Published {
+                    lock: CacheLinePad(parking_lot::Mutex::new(())),
+                    version: CacheLinePad(AtomicU64::new(0)),
+                })
             }),
         }
     }
 
     fn read(&self, id: u64) -> (u64, u64) {
-        if let Some(t) = &self.tree {
-            return (t.0.load().get(&id.to_be_bytes()))
-                .map_or((0, 0), |o| (o.id, o.tags.len() as u64));
+        let (slots, published) = match self {
+            Floor::Tree { root, .. } => {
+                return (root.0.load().get(&id.to_be_bytes()))
+                    .map_or((0, 0), |o| (o.id, o.tags.len() as u64));
+            }
+            Floor::Slots { slots, published } => (slots, published),
+        };
+        if let Some(p) = published {
+            black_box(p.version.0.load(Acquire));
         }
-        if self.published {
-            black_box(self.version.0.load(Acquire));
-        }
-        let s = &self.slots[id as usize];
+        let s = &slots[id as usize];
         loop {
             let a = s.seq.load(Acquire);
             let v = (s.id.load(Relaxed), s.tags.load(Relaxed));
@@ -301,18 +320,20 @@ impl Floor {
     }
 
     fn write(&self, id: u64) {
-        if let Some(t) = &self.tree {
-            let _g = self.lock.0.lock();
-            let (new, old) =
-                (t.0.load()
-                    .insert(&id.to_be_bytes(), triomphe::Arc::new(obj(id))))
-                .unwrap();
-            t.0.store(Arc::new(new));
-            drop(old);
-            return;
-        }
-        let _g = self.published.then(|| self.lock.0.lock());
-        let s = &self.slots[id as usize];
+        let (slots, published) = match self {
+            Floor::Tree { lock, root } => {
+                let _g = lock.lock();
+                let (new, old) = (root.0.load())
+                    .insert(&id.to_be_bytes(), triomphe::Arc::new(obj(id)))
+                    .unwrap();
+                root.0.store(Arc::new(new));
+                drop(old);
+                return;
+            }
+            Floor::Slots { slots, published } => (slots, published),
+        };
+        let _g = published.as_ref().map(|p| p.lock.0.lock());
+        let s = &slots[id as usize];
         let mut a = s.seq.load(Relaxed);
         loop {
             if a & 1 == 0 {
@@ -328,8 +349,8 @@ impl Floor {
         s.id.store(id, Relaxed);
         s.tags.fetch_add(1, Relaxed);
         s.seq.store(a + 2, Release);
-        if self.published {
-            self.version.0.fetch_add(1, Release);
+        if let Some(p) = published {
+            p.version.0.fetch_add(1, Release);
         }
     }
 }
