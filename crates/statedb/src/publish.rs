@@ -1,13 +1,12 @@
 //! The published root: one `triomphe::Arc` that readers take without a lock
 //! and that one writer at a time (holding the cell's lock) replaces.
 //!
-//! arc-swap did this before (2026-12-03, session 26): its swap walks every
-//! thread's debt node with five locked instructions and ~200 others of
-//! generic machinery (a pre-paid reference taken and given back, a writer
-//! reservation per node, a helping slot), and the writer's own loads took
-//! two locked instructions each. Here the writer reads the current value
-//! under its lock with a plain load, and its swap is a store, a fence and
-//! a scan of the readers' slots.
+//! Unlike arc-swap, whose swap walks every thread's debt node with five
+//! locked instructions and ~200 others of generic machinery (a pre-paid
+//! reference taken and given back, a writer reservation per node, a
+//! helping slot) and whose loads take two locked instructions each, the
+//! writer here reads the current value under its lock with a plain load,
+//! and its swap is a store, a fence and a scan of the readers' slots.
 //!
 //! The protocol is arc-swap's debts, kept to what this cell needs. Each
 //! thread owns a *slot* (in a global list of chunks, never freed; a
