@@ -3,8 +3,9 @@
 //! `arbor kv replay` replays LLM traffic (a Mooncake trace or a built-in
 //! synthetic workload) through simulated engines under several routing
 //! policies, then stress-tests the KV index with the resulting event stream.
-//! The logic lives in the `kvreplay` crate; this binary only parses flags and
-//! prints.
+//! `arbor router` runs the KV-aware router service (`kvrouter`). The logic
+//! lives in those crates; this binary only parses flags, sets up logging
+//! and prints.
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 #![forbid(unsafe_code)]
 
@@ -33,6 +34,13 @@ enum Command {
     /// KV-cache index and routing tools.
     #[command(subcommand)]
     Kv(KvCommand),
+    /// Run the KV-aware router service: subscribe to engines' KV events
+    /// over ZeroMQ, answer /query, /route and the rest over HTTP.
+    ///
+    /// Workers come from --worker flags or POST /register at runtime. Logs
+    /// go to stderr (RUST_LOG sets the level; default info). SIGTERM or
+    /// Ctrl-C stops it gracefully.
+    Router(Box<kvrouter::RouterArgs>),
 }
 
 #[derive(Debug, Subcommand)]
@@ -58,7 +66,35 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Router(args) => match router(*args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
+}
+
+fn router(args: kvrouter::RouterArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+        kvrouter::serve(args, listener, kvrouter::shutdown_signal())
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    })
 }
 
 fn replay(args: &kvreplay::ReplayArgs) -> anyhow::Result<()> {

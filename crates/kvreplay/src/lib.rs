@@ -13,12 +13,15 @@
 
 pub mod config;
 pub mod engine;
-pub mod policy;
 pub mod replay;
 pub mod report;
 pub mod stress;
 pub mod synth;
 pub mod trace;
+
+/// The routing policies, from `kvroute`: the simulator runs the code the
+/// router service runs.
+pub use kvroute::policy;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -45,7 +45,8 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 /// Which routing policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum PolicyKind {
     /// Uniformly random worker.

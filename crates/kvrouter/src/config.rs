@@ -1,0 +1,214 @@
+//! The router's settings: every limit is a flag with a default.
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use kvroute::PolicyKind;
+
+use crate::ingest::IngestConfig;
+
+/// `ID[:DP]=ENDPOINT[,replay=ENDPOINT]`: a worker given on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerArg {
+    /// Instance id.
+    pub id: u64,
+    /// Data-parallel rank.
+    pub dp_rank: u32,
+    /// Event publisher endpoint.
+    pub endpoint: String,
+    /// Replay endpoint.
+    pub replay: Option<String>,
+}
+
+impl FromStr for WorkerArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?}: expected ID[:DP]=ENDPOINT[,replay=ENDPOINT]");
+        let (who, rest) = s.split_once('=').ok_or_else(bad)?;
+        let (id, dp) = match who.split_once(':') {
+            Some((i, d)) => (i, Some(d)),
+            None => (who, None),
+        };
+        let id = id.trim().parse::<u64>().map_err(|_| bad())?;
+        let dp_rank = match dp {
+            Some(d) => d.trim().parse::<u32>().map_err(|_| bad())?,
+            None => 0,
+        };
+        let mut parts = rest.split(',');
+        let endpoint = parts.next().unwrap_or("").trim().to_string();
+        if endpoint.is_empty() {
+            return Err(bad());
+        }
+        let mut replay = None;
+        for p in parts {
+            match p.trim().split_once('=') {
+                Some(("replay", e)) if !e.is_empty() => replay = Some(e.to_string()),
+                _ => {
+                    return Err(format!(
+                        "{s:?}: unknown option {p:?} (expected replay=ENDPOINT)"
+                    ))
+                }
+            }
+        }
+        Ok(Self {
+            id,
+            dp_rank,
+            endpoint,
+            replay,
+        })
+    }
+}
+
+/// `arbor router`'s flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RouterArgs {
+    /// Address the HTTP API listens on.
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    pub listen: SocketAddr,
+    /// Model served by the workers given with --worker.
+    #[arg(long, default_value = "default")]
+    pub model: String,
+    /// Tokens per KV block of the workers given with --worker (must match
+    /// the engines' block size: events with another are rejected).
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u64,
+    /// A worker: ID[:DP]=ENDPOINT[,replay=ENDPOINT], e.g.
+    /// `1=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558`. Repeatable.
+    #[arg(long = "worker", value_name = "SPEC")]
+    pub workers: Vec<WorkerArg>,
+    /// Routing policy for /route.
+    #[arg(long, value_enum, default_value_t = PolicyKind::KvBalanced)]
+    pub policy: PolicyKind,
+    /// Weight of prefill against decode blocks in the kv-aware cost.
+    #[arg(long, default_value_t = 1.0)]
+    pub overlap_weight: f64,
+    /// Approximate mode, for engines that publish no KV events: each routed
+    /// request's blocks are assumed cached on its worker for --approx-ttl.
+    #[arg(long)]
+    pub no_kv_events: bool,
+    /// How long approximate mode keeps a routed request's blocks.
+    #[arg(long, value_parser = parse_secs, default_value = "120")]
+    pub approx_ttl: Duration,
+    /// How long a routed request counts as in flight without /complete.
+    #[arg(long, value_parser = parse_secs, default_value = "300")]
+    pub request_ttl: Duration,
+    /// Largest HTTP request body, bytes (413 above it).
+    #[arg(long, default_value_t = 8 << 20)]
+    pub max_body_bytes: usize,
+    /// Most token ids (or block hashes) one /query or /route may carry.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_request_tokens: usize,
+    /// Ingest threads (each worker's events apply on one of them, in order).
+    #[arg(long, default_value_t = 2)]
+    pub ingest_threads: usize,
+    /// Topic prefix to subscribe to (vLLM's default topic is empty).
+    #[arg(long, default_value = "")]
+    pub topic: String,
+    /// Largest ZMQ message an engine may send, bytes; a larger one drops
+    /// its connection.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub max_frame_bytes: i64,
+    /// Messages queued per engine before ZMQ drops (a drop is a gap,
+    /// which replays).
+    #[arg(long, default_value_t = 100_000)]
+    pub rcvhwm: i32,
+    /// How long one replay may take, seconds.
+    #[arg(long, value_parser = parse_secs, default_value = "5")]
+    pub replay_timeout: Duration,
+    /// Replays in progress at once, all engines.
+    #[arg(long, default_value_t = 8)]
+    pub max_replays: usize,
+    /// Live batches held per engine while its replay runs; past this the
+    /// replay is abandoned and the worker resynced.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_held_batches: usize,
+    /// Storage tiers besides GPU whose blocks enter the index (e.g. CPU).
+    #[arg(long = "include-medium", value_name = "MEDIUM")]
+    pub include_media: Vec<String>,
+    /// Token ids one stored event may carry.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_event_tokens: usize,
+    /// How long /ready waits for a registered engine's first batch before
+    /// counting it anyway, seconds.
+    #[arg(long, value_parser = parse_secs, default_value = "10")]
+    pub connect_timeout: Duration,
+    /// Seed of the policies' random tie-breaks.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(v.is_finite() && (0.0..1e9).contains(&v)) {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+impl RouterArgs {
+    /// The ingest part.
+    pub fn ingest(&self) -> IngestConfig {
+        IngestConfig {
+            threads: self.ingest_threads.max(1),
+            topic: self.topic.as_bytes().to_vec(),
+            max_frame_bytes: self.max_frame_bytes,
+            rcvhwm: self.rcvhwm,
+            replay_timeout: self.replay_timeout,
+            max_replays: self.max_replays.max(1),
+            max_held: self.max_held_batches.max(1),
+            extra_media: self.include_media.clone(),
+            max_event_tokens: self.max_event_tokens,
+        }
+    }
+
+    /// Settings for tests and embedding: every default, listening on
+    /// `127.0.0.1:0`.
+    pub fn defaults() -> Self {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct P {
+            #[command(flatten)]
+            a: RouterArgs,
+        }
+        let mut a = P::parse_from(["kvrouter"]).a;
+        a.listen = "127.0.0.1:0".parse().expect("a socket address");
+        a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_specs() {
+        let w: WorkerArg = "7:2=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            w,
+            WorkerArg {
+                id: 7,
+                dp_rank: 2,
+                endpoint: "tcp://127.0.0.1:5557".into(),
+                replay: Some("tcp://127.0.0.1:5558".into())
+            }
+        );
+        assert_eq!("1=ipc:///x".parse::<WorkerArg>().unwrap().dp_rank, 0);
+        for bad in [
+            "",
+            "x=tcp://a:1",
+            "1",
+            "1=",
+            "1:z=tcp://a:1",
+            "1=tcp://a:1,foo=b",
+        ] {
+            assert!(bad.parse::<WorkerArg>().is_err(), "{bad}");
+        }
+        assert!(parse_secs("-1").is_err());
+        assert!(parse_secs("nan").is_err());
+        assert_eq!(parse_secs("1.5").unwrap(), Duration::from_millis(1500));
+    }
+}

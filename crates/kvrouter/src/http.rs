@@ -1,0 +1,454 @@
+//! The HTTP API (axum).
+//!
+//! Dynamo-compatible (the request and response JSON of `dynamo-kv-router`
+//! 1.6.1's standalone indexer): `POST /register`, `POST /unregister`,
+//! `GET /workers`, `POST /query`, `POST /query_by_hash`, `GET /dump`,
+//! `GET /health`. Ours: `POST /route`, `POST /complete`, `GET /ready`,
+//! `GET /metrics`. Every error is JSON `{"error": "..."}`.
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Query, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use kvindex::{KvEventData, KvIndexer, OverlapScores, WorkerKey};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::registry::{FeedState, WorkerSpec};
+use crate::service::{Prompt, Service, ServiceError};
+
+/// A JSON body whose rejections are JSON errors too.
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = Response;
+    async fn from_request(req: Request, state: &S) -> Result<Self, Response> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(Body(v)),
+            Err(e) => Err(rejection(e)),
+        }
+    }
+}
+
+fn rejection(e: JsonRejection) -> Response {
+    let status = e.status();
+    metrics::counter!("kvrouter_http_bad_requests_total").increment(1);
+    (status, Json(json!({ "error": e.body_text() }))).into_response()
+}
+
+fn error(status: StatusCode, msg: impl ToString) -> Response {
+    (status, Json(json!({ "error": msg.to_string() }))).into_response()
+}
+
+impl IntoResponse for ServiceError {
+    fn into_response(self) -> Response {
+        let status = match &self {
+            ServiceError::UnknownModel(_) | ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
+            ServiceError::NoWorkers(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ServiceError::Register(crate::registry::RegisterError::BadBlockSize(_))
+            | ServiceError::Feed(_)
+            | ServiceError::Invalid(_) => StatusCode::BAD_REQUEST,
+            ServiceError::Register(_) | ServiceError::Conflict(_) => StatusCode::CONFLICT,
+        };
+        error(status, self)
+    }
+}
+
+/// The router's HTTP routes over `svc`.
+pub fn router(svc: Arc<Service>, metrics: metrics_exporter_prometheus::PrometheusHandle) -> Router {
+    let limit = svc.args.max_body_bytes;
+    Router::new()
+        .route("/register", post(register))
+        .route("/unregister", post(unregister))
+        .route("/workers", get(workers))
+        .route("/query", post(query))
+        .route("/query_by_hash", post(query_by_hash))
+        .route("/dump", get(dump))
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/ready", get(ready))
+        .route("/route", post(route))
+        .route("/complete", post(complete))
+        .route(
+            "/metrics",
+            get(move |State(s): State<Arc<Service>>| async move {
+                crate::metrics::refresh(&s);
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4",
+                    )],
+                    metrics.render(),
+                )
+            }),
+        )
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(svc)
+}
+
+fn default_group() -> String {
+    "default".into()
+}
+
+#[derive(Deserialize)]
+struct RegisterReq {
+    instance_id: u64,
+    endpoint: String,
+    model_name: String,
+    #[serde(default = "default_group")]
+    #[allow(dead_code)]
+    routing_group: String,
+    block_size: u64,
+    dp_rank: Option<u32>,
+    replay_endpoint: Option<String>,
+}
+
+async fn register(State(s): State<Arc<Service>>, Body(r): Body<RegisterReq>) -> Response {
+    let spec = WorkerSpec {
+        key: WorkerKey::new(r.instance_id, r.dp_rank.unwrap_or(0)),
+        model: r.model_name,
+        block_size: r.block_size,
+        endpoint: Some(r.endpoint),
+        replay_endpoint: r.replay_endpoint,
+    };
+    match s.register(spec) {
+        Ok(()) => (StatusCode::CREATED, Json(json!({"status": "ok"}))).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct UnregisterReq {
+    instance_id: u64,
+    model_name: String,
+    dp_rank: Option<u32>,
+}
+
+async fn unregister(State(s): State<Arc<Service>>, Body(r): Body<UnregisterReq>) -> Response {
+    let res =
+        tokio::task::spawn_blocking(move || s.unregister(&r.model_name, r.instance_id, r.dp_rank))
+            .await;
+    match res {
+        Ok(Ok(_)) => (StatusCode::OK, Json(json!({"status": "ok"}))).into_response(),
+        Ok(Err(ServiceError::UnknownModel(m))) => error(
+            StatusCode::NOT_FOUND,
+            format!("no workers registered for model {m:?}"),
+        ),
+        Ok(Err(e)) => e.into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
+}
+
+#[derive(Deserialize)]
+struct WorkersQuery {
+    model_name: Option<String>,
+    routing_group: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Listener {
+    endpoint: String,
+    status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_error: Option<String>,
+}
+
+/// Our per-rank detail, beside Dynamo's fields.
+#[derive(Serialize)]
+struct Feed {
+    state: FeedState,
+    replay_endpoint: Option<String>,
+    last_seq: Option<u64>,
+    blocks: usize,
+    batches: u64,
+    events_applied: u64,
+    events_rejected: u64,
+    block_size_mismatches: u64,
+    decode_errors: u64,
+    gaps: u64,
+    replays: u64,
+    resyncs: u64,
+    restarts: u64,
+    healthy: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<String>,
+}
+
+#[derive(Serialize)]
+struct WorkerInfo {
+    instance_id: u64,
+    source: &'static str,
+    status: &'static str,
+    model_name: String,
+    routing_group: String,
+    block_size: u64,
+    endpoints: BTreeMap<u32, String>,
+    listeners: BTreeMap<u32, Listener>,
+    feeds: BTreeMap<u32, Feed>,
+}
+
+fn status_word(state: FeedState, problem: bool) -> &'static str {
+    match (state, problem) {
+        (_, true) => "failed",
+        (FeedState::Active | FeedState::Approximate, _) => "active",
+        (FeedState::Pending | FeedState::Replaying, _) => "pending",
+    }
+}
+
+async fn workers(State(s): State<Arc<Service>>, Query(q): Query<WorkersQuery>) -> Response {
+    use std::sync::atomic::Ordering::Relaxed;
+    if q.routing_group.as_deref().is_some_and(|g| g != "default") {
+        return Json(Vec::<WorkerInfo>::new()).into_response();
+    }
+    let mut out: Vec<WorkerInfo> = Vec::new();
+    for m in s.models.all() {
+        if q.model_name.as_deref().is_some_and(|n| n != m.name) {
+            continue;
+        }
+        let mut by_id: BTreeMap<u64, WorkerInfo> = BTreeMap::new();
+        for (k, w) in m.workers.read().iter() {
+            let st = &w.status;
+            let problem = st.problem();
+            let word = status_word(st.state(), problem.is_some());
+            let info = by_id.entry(k.worker_id).or_insert_with(|| WorkerInfo {
+                instance_id: k.worker_id,
+                source: "zmq",
+                status: word,
+                model_name: m.name.clone(),
+                routing_group: "default".into(),
+                block_size: m.block_size,
+                endpoints: BTreeMap::new(),
+                listeners: BTreeMap::new(),
+                feeds: BTreeMap::new(),
+            });
+            let ep = w.spec.endpoint.clone().unwrap_or_default();
+            info.endpoints.insert(k.dp_rank, ep.clone());
+            info.listeners.insert(
+                k.dp_rank,
+                Listener {
+                    endpoint: ep,
+                    status: word,
+                    last_error: problem.clone(),
+                },
+            );
+            // The instance is as good as its worst rank.
+            if word == "failed" || (word == "pending" && info.status == "active") {
+                info.status = word;
+            }
+            info.feeds.insert(
+                k.dp_rank,
+                Feed {
+                    state: st.state(),
+                    replay_endpoint: w.spec.replay_endpoint.clone(),
+                    last_seq: st.last_seq(),
+                    blocks: m.index.worker_block_count(*k),
+                    batches: st.batches.load(Relaxed),
+                    events_applied: st.events_applied.load(Relaxed),
+                    events_rejected: st.events_rejected.load(Relaxed),
+                    block_size_mismatches: st.block_size_mismatches.load(Relaxed),
+                    decode_errors: st.decode_errors.load(Relaxed),
+                    gaps: st.gaps.load(Relaxed),
+                    replays: st.replays.load(Relaxed),
+                    resyncs: st.resyncs.load(Relaxed),
+                    restarts: st.restarts.load(Relaxed),
+                    healthy: problem.is_none(),
+                    problem,
+                },
+            );
+        }
+        out.extend(by_id.into_values());
+    }
+    Json(out).into_response()
+}
+
+#[derive(Deserialize)]
+struct QueryReq {
+    token_ids: Vec<u32>,
+    model_name: String,
+    lora_name: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct QueryByHashReq {
+    block_hashes: Vec<i64>,
+    model_name: String,
+    cache_salt: Option<serde_json::Value>,
+}
+
+#[derive(Serialize)]
+struct Summary {
+    longest_matched: u32,
+    gpu: u32,
+    dp: BTreeMap<String, u32>,
+    cpu: u32,
+    disk: u32,
+}
+
+/// Dynamo's score shape: tokens matched per instance and rank, how many
+/// workers hold each depth, and a per-instance summary.
+fn score_json(scores: &OverlapScores, block_size: u64) -> serde_json::Value {
+    let bs = u32::try_from(block_size).unwrap_or(u32::MAX);
+    let mut flat: HashMap<String, HashMap<String, u32>> = HashMap::new();
+    let mut inst: BTreeMap<u64, Summary> = BTreeMap::new();
+    let mut deepest = 0u32;
+    for (w, n) in scores.iter() {
+        let tokens = n.saturating_mul(bs);
+        deepest = deepest.max(n);
+        flat.entry(w.worker_id.to_string())
+            .or_default()
+            .insert(w.dp_rank.to_string(), tokens);
+        let e = inst.entry(w.worker_id).or_insert(Summary {
+            longest_matched: 0,
+            gpu: 0,
+            dp: BTreeMap::new(),
+            cpu: 0,
+            disk: 0,
+        });
+        e.gpu = e.gpu.max(tokens);
+        e.longest_matched = e.gpu;
+        e.dp.insert(w.dp_rank.to_string(), tokens);
+    }
+    let frequencies: Vec<usize> = (0..deepest)
+        .map(|d| scores.iter().filter(|&(_, n)| n > d).count())
+        .collect();
+    let instances: BTreeMap<String, Summary> =
+        inst.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    json!({ "scores": flat, "frequencies": frequencies, "instances": instances })
+}
+
+async fn query(State(s): State<Arc<Service>>, Body(r): Body<QueryReq>) -> Response {
+    let p = Prompt::Tokens {
+        token_ids: r.token_ids,
+        lora_name: r.lora_name,
+    };
+    match s.query(&r.model_name, &p) {
+        Ok((sc, bs)) => Json(score_json(&sc, bs)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn query_by_hash(State(s): State<Arc<Service>>, Body(r): Body<QueryByHashReq>) -> Response {
+    if r.cache_salt.as_ref().is_some_and(|v| !v.is_null()) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "cache_salt is not accepted by /query_by_hash: block_hashes must already include it",
+        );
+    }
+    let p = Prompt::Hashes(r.block_hashes.iter().map(|&h| h as u64).collect());
+    match s.query(&r.model_name, &p) {
+        Ok((sc, bs)) => Json(score_json(&sc, bs)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `/dump`: per model, events that rebuild its index, in Dynamo's
+/// `RouterEvent` JSON.
+async fn dump(State(s): State<Arc<Service>>) -> Response {
+    let res = tokio::task::spawn_blocking(move || {
+        let mut out = serde_json::Map::new();
+        for m in s.models.all() {
+            let events: Vec<serde_json::Value> =
+                m.index.dump().iter().map(router_event_json).collect();
+            out.insert(
+                format!("{}:default", m.name),
+                json!({ "block_size": m.block_size, "events": events }),
+            );
+        }
+        serde_json::Value::Object(out)
+    })
+    .await;
+    match res {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
+}
+
+/// One index event as Dynamo's `RouterEvent` JSON.
+pub fn router_event_json(ev: &kvindex::KvEvent) -> serde_json::Value {
+    let data = match &ev.data {
+        KvEventData::Stored { parent, blocks } => json!({ "stored": {
+            "parent_hash": parent.map(|p| p.0),
+            "start_position": null,
+            "blocks": blocks.iter().map(|b| json!({
+                "block_hash": b.external.0,
+                "tokens_hash": b.local.0,
+                "mm_extra_info": null,
+            })).collect::<Vec<_>>(),
+        }}),
+        KvEventData::Removed { hashes } => json!({ "removed": {
+            "block_hashes": hashes.iter().map(|h| h.0).collect::<Vec<_>>(),
+        }}),
+        KvEventData::Cleared => json!("cleared"),
+    };
+    json!({
+        "worker_id": ev.worker.worker_id,
+        "storage_tier": "device",
+        "event": { "event_id": ev.event_id, "data": data, "dp_rank": ev.worker.dp_rank },
+    })
+}
+
+async fn ready(State(s): State<Arc<Service>>) -> Response {
+    let (ok, waiting) = s.ready();
+    let waiting: Vec<_> = waiting
+        .iter()
+        .map(|(m, k)| json!({"model_name": m, "instance_id": k.worker_id, "dp_rank": k.dp_rank}))
+        .collect();
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(json!({ "ready": ok, "waiting": waiting }))).into_response()
+}
+
+#[derive(Deserialize)]
+struct RouteReq {
+    model_name: String,
+    token_ids: Option<Vec<u32>>,
+    block_hashes: Option<Vec<i64>>,
+    lora_name: Option<String>,
+    request_id: Option<String>,
+}
+
+async fn route(State(s): State<Arc<Service>>, Body(r): Body<RouteReq>) -> Response {
+    let p = match (r.token_ids, r.block_hashes) {
+        (Some(t), None) => Prompt::Tokens {
+            token_ids: t,
+            lora_name: r.lora_name,
+        },
+        (None, Some(h)) => Prompt::Hashes(h.iter().map(|&x| x as u64).collect()),
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "give exactly one of token_ids and block_hashes",
+            )
+        }
+    };
+    if r.request_id
+        .as_ref()
+        .is_some_and(|id| id.is_empty() || id.len() > 256)
+    {
+        return error(StatusCode::BAD_REQUEST, "request_id must be 1 to 256 bytes");
+    }
+    match s.route(&r.model_name, &p, r.request_id) {
+        Ok(d) => Json(d).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct CompleteReq {
+    request_id: String,
+    model_name: Option<String>,
+}
+
+async fn complete(State(s): State<Arc<Service>>, Body(r): Body<CompleteReq>) -> Response {
+    match s.complete(r.model_name.as_deref(), &r.request_id) {
+        Ok(w) => Json(json!({"status": "ok", "worker_id": w.worker_id, "dp_rank": w.dp_rank}))
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
+}

@@ -1,0 +1,605 @@
+//! Event ingest: ZMQ subscribers, replays, and applying batches to the
+//! index.
+//!
+//! A fixed set of ingest threads (lanes) share the workers; each worker
+//! lives on one thread for good, so its batches apply in order, and
+//! different workers apply in parallel (the index takes concurrent writers
+//! for different workers). A thread polls its workers' SUB sockets and the
+//! DEALER sockets of replays in progress, drains a bounded number of
+//! messages from each ready socket in turn (one busy or broken publisher
+//! cannot starve the rest), and carries out what the worker's
+//! [`Sequencer`] says.
+//!
+//! Frames: live `[topic, seq, payload]` with `seq` 8 bytes big-endian.
+//! Replay: the router sends `["", start_seq]` to the engine's ROUTER and
+//! gets `["", seq, payload]` (or `["", topic, seq, payload]`) per batch,
+//! then an end marker whose seq is -1.
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{Receiver, Sender};
+use kvindex::{KvIndexer, WorkerKey};
+
+use crate::convert::{Converter, EventIds, Outcome, Rejected};
+use crate::registry::{FeedState, Model, Worker};
+use crate::seq::{Clear, Sequencer, Step};
+use crate::wire::decode_batch;
+
+/// Ingest limits and knobs.
+#[derive(Debug, Clone)]
+pub struct IngestConfig {
+    /// Ingest threads.
+    pub threads: usize,
+    /// Topic prefix to subscribe to (empty: all).
+    pub topic: Vec<u8>,
+    /// Largest message a publisher may send; larger ones drop its
+    /// connection (ZMQ_MAXMSGSIZE).
+    pub max_frame_bytes: i64,
+    /// Messages a SUB socket queues before dropping (ZMQ_RCVHWM).
+    pub rcvhwm: i32,
+    /// How long a replay may take.
+    pub replay_timeout: Duration,
+    /// Replays in progress at once, all workers.
+    pub max_replays: usize,
+    /// Live batches held per worker while its replay runs.
+    pub max_held: usize,
+    /// Storage tiers that enter the index besides GPU.
+    pub extra_media: Vec<String>,
+    /// Token ids one stored event may carry.
+    pub max_event_tokens: usize,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        Self {
+            threads: 2,
+            topic: Vec::new(),
+            max_frame_bytes: 64 << 20,
+            rcvhwm: 100_000,
+            replay_timeout: Duration::from_secs(5),
+            max_replays: 8,
+            max_held: 10_000,
+            extra_media: Vec::new(),
+            max_event_tokens: 1 << 20,
+        }
+    }
+}
+
+/// Messages drained from one socket before the next gets a turn.
+const DRAIN_BUDGET: usize = 256;
+/// Longest a thread sleeps in poll, so commands are picked up.
+const IDLE_POLL: Duration = Duration::from_millis(10);
+
+enum Cmd {
+    Add(Box<Feed>),
+    Remove(WorkerKey, String, Sender<()>),
+}
+
+/// The ingest threads.
+pub struct Ingest {
+    ctx: zmq::Context,
+    cfg: Arc<IngestConfig>,
+    lanes: Vec<Sender<Cmd>>,
+    threads: Vec<JoinHandle<()>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Why a feed could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct FeedError(pub String);
+
+impl Ingest {
+    /// Starts the ingest threads.
+    pub fn start(cfg: IngestConfig) -> Self {
+        let ctx = zmq::Context::new();
+        let cfg = Arc::new(cfg);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let replays = Arc::new(AtomicUsize::new(0));
+        let mut lanes = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..cfg.threads.max(1) {
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let lane = Lane {
+                ctx: ctx.clone(),
+                cfg: Arc::clone(&cfg),
+                rx,
+                feeds: Vec::new(),
+                replays: Arc::clone(&replays),
+                stop: Arc::clone(&stop),
+            };
+            lanes.push(tx);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("kvrouter-ingest-{i}"))
+                    .spawn(move || lane.run())
+                    .expect("spawn an ingest thread"),
+            );
+        }
+        Self {
+            ctx,
+            cfg,
+            lanes,
+            threads,
+            stop,
+        }
+    }
+
+    /// Subscribes to `worker`'s events into `model`'s index, its history
+    /// wanted from seq `start` (0, or a snapshot's seq + 1).
+    pub fn add(&self, model: Arc<Model>, worker: Arc<Worker>, start: u64) -> Result<(), FeedError> {
+        let Some(endpoint) = worker.spec.endpoint.clone() else {
+            return Ok(());
+        };
+        let sub = self
+            .ctx
+            .socket(zmq::SUB)
+            .map_err(|e| FeedError(e.to_string()))?;
+        let set = |r: zmq::Result<()>| r.map_err(|e| FeedError(e.to_string()));
+        set(sub.set_maxmsgsize(self.cfg.max_frame_bytes))?;
+        set(sub.set_rcvhwm(self.cfg.rcvhwm))?;
+        set(sub.set_linger(0))?;
+        set(sub.set_subscribe(&self.cfg.topic))?;
+        sub.connect(&endpoint)
+            .map_err(|e| FeedError(format!("cannot connect to {endpoint:?}: {e}")))?;
+        if let Some(r) = &worker.spec.replay_endpoint {
+            check_endpoint(r)?;
+        }
+        let feed = Feed {
+            key: worker.spec.key,
+            seq: Sequencer::new(
+                start,
+                worker.spec.replay_endpoint.is_some(),
+                self.cfg.max_held,
+            ),
+            conv: Converter {
+                block_size: worker.spec.block_size,
+                extra_media: self.cfg.extra_media.clone(),
+                max_tokens: self.cfg.max_event_tokens,
+            },
+            ids: EventIds::default(),
+            sub,
+            replay: None,
+            replay_wanted: None,
+            model,
+            worker,
+        };
+        let lane = kvindex::lanes::lane_of(feed.key, self.lanes.len());
+        self.lanes[lane]
+            .send(Cmd::Add(Box::new(feed)))
+            .map_err(|_| FeedError("ingest stopped".into()))
+    }
+
+    /// Stops `key`'s feed for `model`; the receiver hears once its ingest
+    /// thread will apply nothing more of it.
+    pub fn remove(&self, key: WorkerKey, model: &str) -> Receiver<()> {
+        let lane = kvindex::lanes::lane_of(key, self.lanes.len());
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let _ = self.lanes[lane].send(Cmd::Remove(key, model.to_string(), tx));
+        rx
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &IngestConfig {
+        &self.cfg
+    }
+}
+
+impl Drop for Ingest {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        self.lanes.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Refuses endpoints ZMQ would reject only later, or silently.
+fn check_endpoint(e: &str) -> Result<(), FeedError> {
+    let ok = ["tcp://", "ipc://", "inproc://"]
+        .iter()
+        .any(|p| e.starts_with(p) && e.len() > p.len());
+    if ok {
+        Ok(())
+    } else {
+        Err(FeedError(format!(
+            "{e:?} is not a ZMQ endpoint (tcp://HOST:PORT, ipc://PATH)"
+        )))
+    }
+}
+
+struct Replay {
+    socket: zmq::Socket,
+    deadline: Instant,
+}
+
+struct Feed {
+    key: WorkerKey,
+    model: Arc<Model>,
+    worker: Arc<Worker>,
+    sub: zmq::Socket,
+    seq: Sequencer<Vec<u8>>,
+    conv: Converter,
+    ids: EventIds,
+    replay: Option<Replay>,
+    /// A replay asked for but not started (all replay slots busy).
+    replay_wanted: Option<u64>,
+}
+
+struct Lane {
+    ctx: zmq::Context,
+    cfg: Arc<IngestConfig>,
+    rx: Receiver<Cmd>,
+    feeds: Vec<Feed>,
+    replays: Arc<AtomicUsize>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Lane {
+    fn run(mut self) {
+        let mut ready: Vec<(usize, bool)> = Vec::new();
+        loop {
+            if self.stop.load(Relaxed) {
+                break;
+            }
+            loop {
+                match self.rx.try_recv() {
+                    Ok(Cmd::Add(f)) => {
+                        self.feeds
+                            .retain(|x| x.key != f.key || x.model.name != f.model.name);
+                        self.feeds.push(*f);
+                    }
+                    Ok(Cmd::Remove(k, m, done)) => {
+                        let replays = &self.replays;
+                        self.feeds.retain_mut(|x| {
+                            let gone = x.key == k && x.model.name == m;
+                            if gone && x.replay.take().is_some() {
+                                replays.fetch_sub(1, Relaxed);
+                            }
+                            !gone
+                        });
+                        let _ = done.send(());
+                    }
+                    Err(crossbeam_channel::TryRecvError::Empty) => break,
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => return,
+                }
+            }
+            self.start_wanted_replays();
+            if self.feeds.is_empty() {
+                match self.rx.recv_timeout(IDLE_POLL) {
+                    Ok(Cmd::Add(f)) => self.feeds.push(*f),
+                    Ok(Cmd::Remove(_, _, done)) => {
+                        let _ = done.send(());
+                    }
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+                }
+                continue;
+            }
+            ready.clear();
+            {
+                let mut items = Vec::with_capacity(self.feeds.len() + 4);
+                let mut map = Vec::with_capacity(self.feeds.len() + 4);
+                for (i, f) in self.feeds.iter().enumerate() {
+                    items.push(f.sub.as_poll_item(zmq::POLLIN));
+                    map.push((i, false));
+                    if let Some(r) = &f.replay {
+                        items.push(r.socket.as_poll_item(zmq::POLLIN));
+                        map.push((i, true));
+                    }
+                }
+                let timeout = IDLE_POLL.as_millis() as i64;
+                if zmq::poll(&mut items, timeout).is_err() {
+                    continue;
+                }
+                for (it, m) in items.iter().zip(map) {
+                    if it.is_readable() {
+                        ready.push(m);
+                    }
+                }
+            }
+            for &(i, is_replay) in &ready {
+                if is_replay {
+                    self.drain_replay(i);
+                } else {
+                    self.drain_live(i);
+                }
+            }
+            self.expire_replays();
+        }
+    }
+
+    fn drain_live(&mut self, i: usize) {
+        for _ in 0..DRAIN_BUDGET {
+            let f = &mut self.feeds[i];
+            let frames = match f.sub.recv_multipart(zmq::DONTWAIT) {
+                Ok(fr) => fr,
+                Err(_) => return,
+            };
+            let st = &f.worker.status;
+            st.batches.fetch_add(1, Relaxed);
+            // [topic, seq, payload]
+            let parsed = match frames.as_slice() {
+                [_, seq, _] => seq_of(seq),
+                _ => None,
+            };
+            let Some(seq) = parsed else {
+                st.decode_errors.fetch_add(1, Relaxed);
+                metrics::counter!("kvrouter_frame_errors_total", "source" => "live").increment(1);
+                tracing::warn!(worker = ?f.key, frames = frames.len(), "malformed live message");
+                continue;
+            };
+            let payload = frames.into_iter().nth(2).unwrap_or_default();
+            let steps = f.seq.live(seq, payload);
+            self.carry_out(i, steps);
+        }
+    }
+
+    fn drain_replay(&mut self, i: usize) {
+        for _ in 0..DRAIN_BUDGET {
+            let f = &mut self.feeds[i];
+            let Some(r) = &f.replay else { return };
+            let frames = match r.socket.recv_multipart(zmq::DONTWAIT) {
+                Ok(fr) => fr,
+                Err(_) => return,
+            };
+            // ["", seq, payload] or ["", topic, seq, payload]
+            let (seq, payload) = match frames.len() {
+                3 => (&frames[1], 2),
+                4 => (&frames[2], 3),
+                _ => (&frames[0], usize::MAX),
+            };
+            if payload == usize::MAX || seq.len() != 8 {
+                f.worker.status.decode_errors.fetch_add(1, Relaxed);
+                metrics::counter!("kvrouter_frame_errors_total", "source" => "replay").increment(1);
+                continue;
+            }
+            let raw = i64::from_be_bytes(seq[..].try_into().unwrap_or([0; 8]));
+            if raw == -1 {
+                self.finish_replay(i, false);
+                return;
+            }
+            let seq = raw as u64;
+            let payload = frames.into_iter().nth(payload).unwrap_or_default();
+            let steps = self.feeds[i].seq.replayed(seq, payload);
+            self.carry_out(i, steps);
+        }
+    }
+
+    fn finish_replay(&mut self, i: usize, timed_out: bool) {
+        let f = &mut self.feeds[i];
+        if f.replay.take().is_some() {
+            self.replays.fetch_sub(1, Relaxed);
+        }
+        if timed_out {
+            f.worker.status.replay_timeouts.fetch_add(1, Relaxed);
+            tracing::warn!(worker = ?f.key, "replay timed out");
+        }
+        let steps = f.seq.replay_done();
+        self.carry_out(i, steps);
+    }
+
+    fn expire_replays(&mut self) {
+        let now = Instant::now();
+        for i in 0..self.feeds.len() {
+            if self.feeds[i]
+                .replay
+                .as_ref()
+                .is_some_and(|r| r.deadline <= now)
+            {
+                self.finish_replay(i, true);
+            }
+        }
+    }
+
+    fn start_wanted_replays(&mut self) {
+        for i in 0..self.feeds.len() {
+            if let Some(from) = self.feeds[i].replay_wanted {
+                self.start_replay(i, from);
+            }
+        }
+    }
+
+    fn start_replay(&mut self, i: usize, from: u64) {
+        let f = &mut self.feeds[i];
+        let Some(ep) = f.worker.spec.replay_endpoint.clone() else {
+            return;
+        };
+        let taken = self
+            .replays
+            .fetch_update(Relaxed, Relaxed, |n| {
+                (n < self.cfg.max_replays).then_some(n + 1)
+            })
+            .is_ok();
+        if !taken {
+            f.replay_wanted = Some(from);
+            return;
+        }
+        f.replay_wanted = None;
+        let started = (|| -> zmq::Result<zmq::Socket> {
+            let s = self.ctx.socket(zmq::DEALER)?;
+            s.set_linger(0)?;
+            s.set_maxmsgsize(self.cfg.max_frame_bytes)?;
+            s.connect(&ep)?;
+            s.send_multipart([&b""[..], &from.to_be_bytes()[..]], zmq::DONTWAIT)?;
+            Ok(s)
+        })();
+        f.worker.status.replays.fetch_add(1, Relaxed);
+        metrics::counter!("kvrouter_replays_total").increment(1);
+        match started {
+            Ok(socket) => {
+                tracing::info!(worker = ?f.key, from, "replay requested");
+                f.replay = Some(Replay {
+                    socket,
+                    deadline: Instant::now() + self.cfg.replay_timeout,
+                });
+            }
+            Err(e) => {
+                // Counts as a replay that returned nothing.
+                tracing::warn!(worker = ?f.key, error = %e, "replay request failed");
+                self.replays.fetch_sub(1, Relaxed);
+                let steps = f.seq.replay_done();
+                self.carry_out(i, steps);
+            }
+        }
+    }
+
+    fn carry_out(&mut self, i: usize, steps: Vec<Step<Vec<u8>>>) {
+        for s in steps {
+            match s {
+                Step::Apply(seq, payload) => self.feeds[i].apply(seq, &payload),
+                Step::Clear(why) => self.feeds[i].clear(why),
+                Step::Replay(from) => {
+                    self.feeds[i].worker.status.gaps.fetch_add(1, Relaxed);
+                    metrics::counter!("kvrouter_gaps_total").increment(1);
+                    self.start_replay(i, from);
+                }
+                Step::CancelReplay => {
+                    let f = &mut self.feeds[i];
+                    f.replay_wanted = None;
+                    if f.replay.take().is_some() {
+                        self.replays.fetch_sub(1, Relaxed);
+                    }
+                }
+            }
+        }
+        let f = &self.feeds[i];
+        f.worker.status.duplicates.store(f.seq.duplicates, Relaxed);
+        let state = if f.seq.current() {
+            FeedState::Active
+        } else if f.seq.replaying() {
+            FeedState::Replaying
+        } else {
+            FeedState::Pending
+        };
+        f.worker.status.set_state(state);
+    }
+}
+
+fn seq_of(b: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(b.try_into().ok()?))
+}
+
+/// Per-batch tallies, flushed to the metrics recorder once per batch.
+#[derive(Default)]
+struct Tally {
+    stored: u64,
+    removed: u64,
+    cleared: u64,
+    rejected: u64,
+    mismatched: u64,
+    malformed: u64,
+    other_tier: u64,
+    unknown: u64,
+    blocks: u64,
+}
+
+impl Feed {
+    fn apply(&mut self, seq: u64, payload: &[u8]) {
+        let st = &self.worker.status;
+        st.heard.store(true, Relaxed);
+        st.last_seq.store(seq, Relaxed);
+        let batch = match decode_batch(payload) {
+            Ok(b) => b,
+            Err(e) => {
+                st.decode_errors.fetch_add(1, Relaxed);
+                metrics::counter!("kvrouter_decode_errors_total").increment(1);
+                tracing::warn!(worker = ?self.key, seq, error = %e, "undecodable batch");
+                return;
+            }
+        };
+        st.last_ts.store(batch.ts.to_bits(), Relaxed);
+        let mut t = Tally::default();
+        for ev in &batch.events {
+            match self.conv.convert(ev) {
+                Outcome::Index(data) => {
+                    let (kind, n) = match &data {
+                        kvindex::KvEventData::Stored { blocks, .. } => {
+                            (&mut t.stored, blocks.len())
+                        }
+                        kvindex::KvEventData::Removed { hashes } => (&mut t.removed, hashes.len()),
+                        kvindex::KvEventData::Cleared => (&mut t.cleared, 0),
+                    };
+                    let ev = self.ids.event(self.key, data);
+                    match self.model.index.apply(&ev) {
+                        Ok(()) => {
+                            *kind += 1;
+                            t.blocks += n as u64;
+                        }
+                        Err(e) => {
+                            t.rejected += 1;
+                            tracing::debug!(worker = ?self.key, error = %e, "event rejected");
+                        }
+                    }
+                }
+                Outcome::OtherTier => t.other_tier += 1,
+                Outcome::Unknown => t.unknown += 1,
+                Outcome::Rejected(r @ Rejected::BlockSize { .. }) => {
+                    t.mismatched += 1;
+                    st.set_problem(r.to_string());
+                }
+                Outcome::Rejected(r) => {
+                    t.malformed += 1;
+                    tracing::debug!(worker = ?self.key, error = %r, "event malformed");
+                }
+            }
+        }
+        let applied = t.stored + t.removed + t.cleared;
+        st.events_applied.fetch_add(applied, Relaxed);
+        st.events_rejected.fetch_add(t.rejected, Relaxed);
+        st.block_size_mismatches.fetch_add(t.mismatched, Relaxed);
+        st.decode_errors.fetch_add(t.malformed, Relaxed);
+        st.other_tier.fetch_add(t.other_tier, Relaxed);
+        st.unknown_kinds.fetch_add(t.unknown, Relaxed);
+        for (kind, outcome, n) in [
+            ("stored", "applied", t.stored),
+            ("removed", "applied", t.removed),
+            ("cleared", "applied", t.cleared),
+            ("any", "rejected", t.rejected),
+            ("stored", "block_size_mismatch", t.mismatched),
+            ("any", "malformed", t.malformed),
+            ("any", "other_tier", t.other_tier),
+            ("unknown", "skipped", t.unknown),
+        ] {
+            if n > 0 {
+                metrics::counter!("kvrouter_events_total", "kind" => kind, "outcome" => outcome)
+                    .increment(n);
+            }
+        }
+        if t.blocks > 0 {
+            metrics::counter!("kvrouter_block_ops_total").increment(t.blocks);
+        }
+        if t.mismatched > 0 {
+            tracing::warn!(worker = ?self.key, "events with the wrong block size rejected");
+        }
+    }
+
+    fn clear(&mut self, why: Clear) {
+        self.model.index.remove_worker(self.key);
+        self.ids.reset();
+        let st = &self.worker.status;
+        match why {
+            Clear::Restart => {
+                st.restarts.fetch_add(1, Relaxed);
+                metrics::counter!("kvrouter_restarts_total").increment(1);
+                tracing::info!(worker = ?self.key, "engine restarted: its blocks are cleared");
+            }
+            Clear::Resync => {
+                st.resyncs.fetch_add(1, Relaxed);
+                metrics::counter!("kvrouter_resyncs_total").increment(1);
+                tracing::warn!(worker = ?self.key, "history lost: its blocks are cleared");
+            }
+        }
+    }
+}
+
+/// Seconds since the Unix epoch, for lag against engine timestamps.
+pub fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}

@@ -1,0 +1,442 @@
+//! The router's operations, apart from HTTP: register and unregister
+//! workers, score a request against a model's index, route it, and account
+//! for it until it completes.
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvindex::{
+    local_block_hashes, sequence_hashes, KvIndexer, LocalHash, OverlapScores, WorkerKey,
+};
+use kvroute::{Balance, KvCost, PolicyKind, Router, WorkerLoad};
+
+use crate::config::RouterArgs;
+use crate::ingest::{FeedError, Ingest};
+use crate::registry::{FeedState, Model, Models, RegisterError, Worker, WorkerSpec};
+
+/// Why an operation failed; each maps to one HTTP status.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// No index for that model (404).
+    #[error("no index for model {0:?}")]
+    UnknownModel(String),
+    /// The model has no workers to route to (503).
+    #[error("model {0:?} has no workers")]
+    NoWorkers(String),
+    /// Registration refused (409, or 400 for bad input).
+    #[error(transparent)]
+    Register(#[from] RegisterError),
+    /// The worker's feed could not start (400).
+    #[error(transparent)]
+    Feed(#[from] FeedError),
+    /// Bad request fields (400).
+    #[error("{0}")]
+    Invalid(String),
+    /// No such worker or request (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// A request id already in flight (409).
+    #[error("{0}")]
+    Conflict(String),
+}
+
+/// What a request carries to be scored.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    /// Token ids, hashed with the model's block size (and LoRA name).
+    Tokens {
+        /// The tokens.
+        token_ids: Vec<u32>,
+        /// LoRA adapter, if any.
+        lora_name: Option<String>,
+    },
+    /// Local block hashes the client computed.
+    Hashes(Vec<u64>),
+}
+
+/// One worker's numbers behind a routing decision.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WorkerScore {
+    /// Instance id.
+    pub worker_id: u64,
+    /// Data-parallel rank.
+    pub dp_rank: u32,
+    /// Leading blocks of the request it holds.
+    pub overlap_blocks: u32,
+    /// Requests in flight on it.
+    pub active_requests: u64,
+    /// Distinct blocks those requests occupy.
+    pub active_blocks: u64,
+    /// Blocks they had to compute.
+    pub pending_prefill_blocks: u64,
+    /// The kv-aware cost (lower is better), for that policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+}
+
+/// A routing decision.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Decision {
+    /// Chosen instance.
+    pub worker_id: u64,
+    /// Chosen rank.
+    pub dp_rank: u32,
+    /// Its cached leading blocks.
+    pub overlap_blocks: u32,
+    /// The request's full blocks.
+    pub request_blocks: usize,
+    /// The policy.
+    pub policy: PolicyKind,
+    /// Why this worker, in words.
+    pub reason: String,
+    /// The id it is accounted under until /complete.
+    pub request_id: String,
+    /// Every worker's numbers, in worker order.
+    pub scores: Vec<WorkerScore>,
+}
+
+/// The router: models, their indexes and workers, ingest threads.
+pub struct Service {
+    /// Settings.
+    pub args: RouterArgs,
+    /// Models and workers.
+    pub models: Models,
+    ingest: Ingest,
+    start: Instant,
+    next_request: std::sync::atomic::AtomicU64,
+}
+
+impl Service {
+    /// Starts the ingest threads and registers the workers given in `args`.
+    pub fn new(args: RouterArgs) -> Result<Arc<Self>, ServiceError> {
+        let (kind, seed) = (args.policy, args.seed);
+        let cost = KvCost {
+            overlap_weight: args.overlap_weight,
+            ..KvCost::default()
+        };
+        let counter = std::sync::atomic::AtomicU64::new(0);
+        let models = Models::new(move || {
+            let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Router::new(kind, cost, Balance::default(), seed ^ n)
+        });
+        let svc = Arc::new(Self {
+            ingest: Ingest::start(args.ingest()),
+            models,
+            start: Instant::now(),
+            next_request: std::sync::atomic::AtomicU64::new(0),
+            args,
+        });
+        for w in svc.args.workers.clone() {
+            svc.register(WorkerSpec {
+                key: WorkerKey::new(w.id, w.dp_rank),
+                model: svc.args.model.clone(),
+                block_size: svc.args.block_size,
+                endpoint: Some(w.endpoint),
+                replay_endpoint: w.replay,
+            })?;
+        }
+        Ok(svc)
+    }
+
+    /// Microseconds since the service started (the policies' clock).
+    pub fn now_us(&self) -> u64 {
+        self.start.elapsed().as_micros() as u64
+    }
+
+    /// Registers a worker and starts its feed (none in approximate mode).
+    pub fn register(&self, mut spec: WorkerSpec) -> Result<(), ServiceError> {
+        if self.args.no_kv_events {
+            spec.endpoint = None;
+            spec.replay_endpoint = None;
+        }
+        if let Some(e) = &spec.endpoint {
+            if !e.contains("://") {
+                return Err(ServiceError::Invalid(format!(
+                    "endpoint {e:?} is not a ZMQ endpoint (tcp://HOST:PORT)"
+                )));
+            }
+        }
+        let (model, worker) = self.models.add(spec)?;
+        if let Err(e) = self.ingest.add(Arc::clone(&model), Arc::clone(&worker), 0) {
+            self.models.remove(
+                &model.name,
+                worker.spec.key.worker_id,
+                Some(worker.spec.key.dp_rank),
+            );
+            return Err(e.into());
+        }
+        tracing::info!(model = %model.name, worker = ?worker.spec.key, endpoint = ?worker.spec.endpoint, "worker registered");
+        Ok(())
+    }
+
+    /// Unregisters instance `id` of `model` (one rank or all): its feed
+    /// stops before its blocks leave the index. Returns how many ranks.
+    pub fn unregister(
+        &self,
+        model: &str,
+        id: u64,
+        dp_rank: Option<u32>,
+    ) -> Result<usize, ServiceError> {
+        let m = self
+            .models
+            .get(model)
+            .ok_or_else(|| ServiceError::UnknownModel(model.to_string()))?;
+        let keys: Vec<WorkerKey> = m
+            .workers
+            .read()
+            .keys()
+            .filter(|k| k.worker_id == id && dp_rank.is_none_or(|r| r == k.dp_rank))
+            .copied()
+            .collect();
+        if keys.is_empty() {
+            return Err(ServiceError::NotFound(format!(
+                "worker {id} is not registered for model {model:?}"
+            )));
+        }
+        let waits: Vec<_> = keys.iter().map(|&k| self.ingest.remove(k, model)).collect();
+        for w in waits {
+            let _ = w.recv_timeout(Duration::from_secs(5));
+        }
+        let gone = self.models.remove(model, id, dp_rank);
+        tracing::info!(model, id, ranks = gone.len(), "worker unregistered");
+        Ok(gone.len())
+    }
+
+    fn model(&self, name: &str) -> Result<Arc<Model>, ServiceError> {
+        self.models
+            .get(name)
+            .ok_or_else(|| ServiceError::UnknownModel(name.to_string()))
+    }
+
+    /// The local block hashes of a prompt under `model`'s block size.
+    pub fn hashes(&self, model: &Model, p: &Prompt) -> Result<Vec<LocalHash>, ServiceError> {
+        let limit = self.args.max_request_tokens;
+        match p {
+            Prompt::Tokens {
+                token_ids,
+                lora_name,
+            } => {
+                if token_ids.len() > limit {
+                    return Err(ServiceError::Invalid(format!(
+                        "{} token ids, over the limit of {limit} (--max-request-tokens)",
+                        token_ids.len()
+                    )));
+                }
+                Ok(local_block_hashes(
+                    token_ids,
+                    model.block_size as usize,
+                    lora_name.as_deref(),
+                ))
+            }
+            Prompt::Hashes(h) => {
+                if h.len() > limit {
+                    return Err(ServiceError::Invalid(format!(
+                        "{} block hashes, over the limit of {limit} (--max-request-tokens)",
+                        h.len()
+                    )));
+                }
+                Ok(h.iter().map(|&x| LocalHash(x)).collect())
+            }
+        }
+    }
+
+    /// Each worker's overlap with a prompt, and the model's block size.
+    pub fn query(&self, model: &str, p: &Prompt) -> Result<(OverlapScores, u64), ServiceError> {
+        let m = self.model(model)?;
+        let h = self.hashes(&m, p)?;
+        let t = Instant::now();
+        let s = m.index.find_matches(&h);
+        metrics::histogram!("kvrouter_query_seconds").record(t.elapsed().as_secs_f64());
+        Ok((s, m.block_size))
+    }
+
+    /// Chooses a worker for a prompt and counts the request in flight there
+    /// until [`Service::complete`] or the request TTL.
+    pub fn route(
+        &self,
+        model: &str,
+        p: &Prompt,
+        request_id: Option<String>,
+    ) -> Result<Decision, ServiceError> {
+        let t = Instant::now();
+        let m = self.model(model)?;
+        let locals = self.hashes(&m, p)?;
+        let seqs = sequence_hashes(&locals);
+        let workers: Vec<WorkerKey> = m.workers.read().keys().copied().collect();
+        if workers.is_empty() {
+            return Err(ServiceError::NoWorkers(model.to_string()));
+        }
+        let scores = m.index.find_matches(&locals);
+        let overlaps: Vec<u32> = workers.iter().map(|&w| scores.get(w)).collect();
+        let now = self.now_us();
+        let id = request_id.unwrap_or_else(|| {
+            let n = self
+                .next_request
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            format!("kvr-{n}")
+        });
+        let mut r = m.routing.lock();
+        r.loads.expire(now);
+        let loads: Vec<WorkerLoad> = workers.iter().map(|w| r.loads.load(w, &seqs)).collect();
+        let n_blocks = locals.len() as u64;
+        let costs = (r.router.kind() == PolicyKind::KvAware)
+            .then(|| r.router.kv_costs(n_blocks, &loads, &overlaps));
+        let i = r.router.choose(now, n_blocks, &loads, &overlaps);
+        let w = workers[i];
+        r.loads
+            .start(
+                &id,
+                w,
+                &seqs,
+                overlaps[i],
+                now,
+                self.args.request_ttl.as_micros() as u64,
+            )
+            .map_err(|e| ServiceError::Conflict(e.to_string()))?;
+        drop(r);
+        if self.args.no_kv_events {
+            m.approx.lock().record(
+                &m.index,
+                w,
+                &locals,
+                &seqs,
+                now,
+                self.args.approx_ttl.as_micros() as u64,
+            );
+        }
+        let best = overlaps.iter().copied().max().unwrap_or(0);
+        let reason = reason(
+            r_kind(&m),
+            overlaps[i],
+            best,
+            n_blocks,
+            &loads[i],
+            costs.as_ref().map(|c| c[i]),
+        );
+        let scores = workers
+            .iter()
+            .enumerate()
+            .map(|(j, w)| WorkerScore {
+                worker_id: w.worker_id,
+                dp_rank: w.dp_rank,
+                overlap_blocks: overlaps[j],
+                active_requests: loads[j].active_requests,
+                active_blocks: loads[j].active_blocks,
+                pending_prefill_blocks: loads[j].pending_prefill_blocks,
+                cost: costs.as_ref().map(|c| c[j]),
+            })
+            .collect();
+        metrics::histogram!("kvrouter_route_seconds").record(t.elapsed().as_secs_f64());
+        metrics::histogram!("kvrouter_route_overlap_ratio").record(if n_blocks == 0 {
+            0.0
+        } else {
+            f64::from(overlaps[i]) / n_blocks as f64
+        });
+        metrics::counter!("kvrouter_routed_total").increment(1);
+        Ok(Decision {
+            worker_id: w.worker_id,
+            dp_rank: w.dp_rank,
+            overlap_blocks: overlaps[i],
+            request_blocks: locals.len(),
+            policy: r_kind(&m),
+            reason,
+            request_id: id,
+            scores,
+        })
+    }
+
+    /// Ends request `id` of `model` (it no longer counts on its worker).
+    pub fn complete(&self, model: Option<&str>, id: &str) -> Result<WorkerKey, ServiceError> {
+        let models = match model {
+            Some(name) => vec![self.model(name)?],
+            None => self.models.all(),
+        };
+        for m in models {
+            if let Some(w) = m.routing.lock().loads.complete(id) {
+                return Ok(w);
+            }
+        }
+        Err(ServiceError::NotFound(format!(
+            "request {id:?} is not in flight (never routed, completed, or past --request-ttl)"
+        )))
+    }
+
+    /// Expires in-flight requests and approximate-mode blocks past their
+    /// time to live. Run every second or so.
+    pub fn tick(&self) {
+        let now = self.now_us();
+        for m in self.models.all() {
+            m.routing.lock().loads.expire(now);
+            if self.args.no_kv_events {
+                m.approx.lock().expire(&m.index, now);
+            }
+        }
+    }
+
+    /// True when every worker has been heard from or waited for long
+    /// enough; otherwise the ones still awaited.
+    pub fn ready(&self) -> (bool, Vec<(String, WorkerKey)>) {
+        let mut waiting = Vec::new();
+        for m in self.models.all() {
+            for w in m.workers.read().values() {
+                if !self.worker_ready(w) {
+                    waiting.push((m.name.clone(), w.spec.key));
+                }
+            }
+        }
+        (waiting.is_empty(), waiting)
+    }
+
+    fn worker_ready(&self, w: &Worker) -> bool {
+        match w.status.state() {
+            FeedState::Active | FeedState::Approximate => true,
+            FeedState::Replaying => false,
+            FeedState::Pending => w.since.elapsed() >= self.args.connect_timeout,
+        }
+    }
+
+    /// Blocks held per model.
+    pub fn blocks_per_model(&self) -> HashMap<String, usize> {
+        self.models
+            .all()
+            .into_iter()
+            .map(|m| (m.name.clone(), m.blocks()))
+            .collect()
+    }
+}
+
+fn r_kind(m: &Model) -> PolicyKind {
+    m.routing.lock().router.kind()
+}
+
+fn reason(
+    kind: PolicyKind,
+    overlap: u32,
+    best: u32,
+    blocks: u64,
+    load: &WorkerLoad,
+    cost: Option<f64>,
+) -> String {
+    let cached = format!("{overlap} of {blocks} blocks cached");
+    match kind {
+        PolicyKind::Random => format!("random choice ({cached})"),
+        PolicyKind::RoundRobin => format!("next in turn ({cached})"),
+        PolicyKind::LeastLoaded => format!(
+            "fewest requests in flight: {} ({cached})",
+            load.active_requests
+        ),
+        PolicyKind::KvAware => format!(
+            "lowest prefill+decode cost {:.1} ({cached}, {} active blocks)",
+            cost.unwrap_or(0.0),
+            load.active_blocks
+        ),
+        PolicyKind::KvBalanced if overlap > 0 && overlap == best => format!(
+            "longest cached prefix among workers not overloaded ({cached}, {} in flight)",
+            load.active_requests
+        ),
+        PolicyKind::KvBalanced => format!(
+            "no useful cached prefix among workers not overloaded: least cache pressure ({cached}, {} in flight)",
+            load.active_requests
+        ),
+    }
+}
