@@ -36,7 +36,7 @@ fn register(r: &Router, id: u64, p: &Publisher, replay: bool) {
 #[test]
 fn answers_equal_what_was_published_in_every_encoding() {
     let py = need_python!();
-    let mut pubs = vec![
+    let mut pubs = [
         Publisher::start(&py, "array", "int"),
         Publisher::start(&py, "map", "bytes"),
         Publisher::start(&py, "sglang", "int"),

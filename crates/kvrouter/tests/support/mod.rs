@@ -400,7 +400,7 @@ impl Engine {
             let got = match r % 20 {
                 0..=12 => self.store((r >> 8) as u32 % 24, 1 + (r >> 16) as usize % 8),
                 13..=18 => self.evict(1 + (r >> 8) as usize % 3),
-                _ if r % 7 == 0 => Some(self.clear()),
+                _ if r.is_multiple_of(7) => Some(self.clear()),
                 _ => None,
             };
             if let Some((w, e)) = got {
