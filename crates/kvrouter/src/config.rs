@@ -132,6 +132,17 @@ pub struct RouterArgs {
     /// counting it anyway, seconds.
     #[arg(long, value_parser = parse_secs, default_value = "10")]
     pub connect_timeout: Duration,
+    /// Warm restart: load this file on start if it exists, and write it
+    /// (atomically) every --snapshot-interval and on shutdown.
+    #[arg(long, value_name = "FILE")]
+    pub snapshot: Option<std::path::PathBuf>,
+    /// Seconds between snapshots (0: only on shutdown).
+    #[arg(long, value_parser = parse_secs, default_value = "30")]
+    pub snapshot_interval: Duration,
+    /// Start from another router's state (GET URL/dump) when there is no
+    /// snapshot file, then catch up by replay from each engine.
+    #[arg(long, value_name = "URL")]
+    pub peer: Option<String>,
     /// Seed of the policies' random tie-breaks.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

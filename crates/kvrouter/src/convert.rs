@@ -141,6 +141,11 @@ pub struct EventIds {
 }
 
 impl EventIds {
+    /// Numbering from `n`.
+    pub fn starting_at(n: u64) -> Self {
+        Self { next: n }
+    }
+
     /// Wraps `data` as the worker's next event.
     pub fn event(&mut self, worker: WorkerKey, data: KvEventData) -> KvEvent {
         let event_id = self.next;

@@ -53,6 +53,7 @@ impl IntoResponse for ServiceError {
             | ServiceError::Feed(_)
             | ServiceError::Invalid(_) => StatusCode::BAD_REQUEST,
             ServiceError::Register(_) | ServiceError::Conflict(_) => StatusCode::CONFLICT,
+            ServiceError::Snapshot(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         error(status, self)
     }
@@ -345,22 +346,9 @@ async fn query_by_hash(State(s): State<Arc<Service>>, Body(r): Body<QueryByHashR
 }
 
 /// `/dump`: per model, events that rebuild its index, in Dynamo's
-/// `RouterEvent` JSON.
+/// `RouterEvent` JSON, and its workers' last seqs (see [`crate::snapshot`]).
 async fn dump(State(s): State<Arc<Service>>) -> Response {
-    let res = tokio::task::spawn_blocking(move || {
-        let mut out = serde_json::Map::new();
-        for m in s.models.all() {
-            let events: Vec<serde_json::Value> =
-                m.index.dump().iter().map(router_event_json).collect();
-            out.insert(
-                format!("{}:default", m.name),
-                json!({ "block_size": m.block_size, "events": events }),
-            );
-        }
-        serde_json::Value::Object(out)
-    })
-    .await;
-    match res {
+    match tokio::task::spawn_blocking(move || crate::snapshot::take(&s)).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
     }

@@ -82,7 +82,7 @@ pub struct Ingest {
     ctx: zmq::Context,
     cfg: Arc<IngestConfig>,
     lanes: Vec<Sender<Cmd>>,
-    threads: Vec<JoinHandle<()>>,
+    threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -122,14 +122,24 @@ impl Ingest {
             ctx,
             cfg,
             lanes,
-            threads,
+            threads: parking_lot::Mutex::new(threads),
             stop,
         }
     }
 
     /// Subscribes to `worker`'s events into `model`'s index, its history
-    /// wanted from seq `start` (0, or a snapshot's seq + 1).
-    pub fn add(&self, model: Arc<Model>, worker: Arc<Worker>, start: u64) -> Result<(), FeedError> {
+    /// wanted from seq `start` (0, or a snapshot's seq + 1); its index
+    /// events are numbered from `first_id` (past those a snapshot loaded).
+    pub fn add(
+        &self,
+        model: Arc<Model>,
+        worker: Arc<Worker>,
+        start: u64,
+        first_id: u64,
+    ) -> Result<(), FeedError> {
+        if self.stop.load(Relaxed) {
+            return Err(FeedError("the router is stopping".into()));
+        }
         let Some(endpoint) = worker.spec.endpoint.clone() else {
             return Ok(());
         };
@@ -159,7 +169,7 @@ impl Ingest {
                 extra_media: self.cfg.extra_media.clone(),
                 max_tokens: self.cfg.max_event_tokens,
             },
-            ids: EventIds::default(),
+            ids: EventIds::starting_at(first_id),
             sub,
             replay: None,
             replay_wanted: None,
@@ -187,13 +197,21 @@ impl Ingest {
     }
 }
 
-impl Drop for Ingest {
-    fn drop(&mut self) {
+impl Ingest {
+    /// Stops the ingest threads and waits for them: nothing is applied
+    /// after this returns.
+    pub fn stop(&self) {
         self.stop.store(true, Relaxed);
-        self.lanes.clear();
-        for t in self.threads.drain(..) {
+        let threads: Vec<_> = self.threads.lock().drain(..).collect();
+        for t in threads {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for Ingest {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod registry;
 pub mod seq;
 pub mod service;
+pub mod snapshot;
 pub mod wire;
 
 use std::future::Future;
@@ -47,10 +48,17 @@ pub async fn serve(
         let svc = Arc::clone(&svc);
         tokio::spawn(async move {
             let mut t = tokio::time::interval(Duration::from_secs(1));
+            let every = svc.args.snapshot_interval;
+            let mut last = tokio::time::Instant::now();
             loop {
                 t.tick().await;
                 svc.tick();
                 handle_upkeep();
+                if svc.args.snapshot.is_some() && !every.is_zero() && last.elapsed() >= every {
+                    last = tokio::time::Instant::now();
+                    let s = Arc::clone(&svc);
+                    let _ = tokio::task::spawn_blocking(move || save(&s)).await;
+                }
             }
         })
     };
@@ -60,9 +68,28 @@ pub async fn serve(
         .with_graceful_shutdown(shutdown)
         .await?;
     ticker.abort();
-    // The ingest threads stop when the last handle on the service drops.
-    tokio::task::spawn_blocking(move || drop(svc)).await?;
+    // Nothing is applied after the ingest threads stop, so the last
+    // snapshot holds exactly the seqs it records.
+    tokio::task::spawn_blocking(move || {
+        svc.stop_ingest();
+        save(&svc);
+    })
+    .await?;
     Ok(())
+}
+
+/// Writes the snapshot file, if one is configured; failures are logged.
+fn save(svc: &Service) {
+    if let Some(path) = &svc.args.snapshot {
+        let t = std::time::Instant::now();
+        let doc = snapshot::take(svc);
+        match snapshot::write(path, &doc) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), ms = t.elapsed().as_millis() as u64, "snapshot written")
+            }
+            Err(e) => tracing::error!(error = %e, "snapshot not written"),
+        }
+    }
 }
 
 fn handle_upkeep() {

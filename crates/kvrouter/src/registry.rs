@@ -247,23 +247,7 @@ impl Models {
         if spec.block_size == 0 || spec.block_size > 65536 {
             return Err(RegisterError::BadBlockSize(spec.block_size));
         }
-        let mut models = self.models.write();
-        let model = models
-            .entry(spec.model.clone())
-            .or_insert_with(|| {
-                Arc::new(Model {
-                    name: spec.model.clone(),
-                    block_size: spec.block_size,
-                    index: Arc::new(ConcurrentIndex::new()),
-                    workers: RwLock::new(BTreeMap::new()),
-                    routing: Mutex::new(Routing {
-                        router: (self.policy)(),
-                        loads: LoadTracker::new(),
-                    }),
-                    approx: Mutex::new(Approx::default()),
-                })
-            })
-            .clone();
+        let model = self.ensure(&spec.model, spec.block_size);
         if model.block_size != spec.block_size {
             return Err(RegisterError::BlockSize {
                 model: spec.model,
@@ -290,6 +274,27 @@ impl Models {
         workers.insert(w.spec.key, Arc::clone(&w));
         drop(workers);
         Ok((model, w))
+    }
+
+    /// The model called `name`, created with `block_size` if new.
+    pub fn ensure(&self, name: &str, block_size: u64) -> Arc<Model> {
+        let mut models = self.models.write();
+        models
+            .entry(name.to_string())
+            .or_insert_with(|| {
+                Arc::new(Model {
+                    name: name.to_string(),
+                    block_size,
+                    index: Arc::new(ConcurrentIndex::new()),
+                    workers: RwLock::new(BTreeMap::new()),
+                    routing: Mutex::new(Routing {
+                        router: (self.policy)(),
+                        loads: LoadTracker::new(),
+                    }),
+                    approx: Mutex::new(Approx::default()),
+                })
+            })
+            .clone()
     }
 
     /// Removes workers of `model` with instance `id` (one rank, or all);

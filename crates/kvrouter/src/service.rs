@@ -29,6 +29,9 @@ pub enum ServiceError {
     /// The worker's feed could not start (400).
     #[error(transparent)]
     Feed(#[from] FeedError),
+    /// A snapshot or peer dump that cannot be loaded.
+    #[error(transparent)]
+    Snapshot(#[from] Box<crate::snapshot::SnapshotError>),
     /// Bad request fields (400).
     #[error("{0}")]
     Invalid(String),
@@ -126,9 +129,31 @@ impl Service {
             next_request: std::sync::atomic::AtomicU64::new(0),
             args,
         });
+        let doc = match (&svc.args.snapshot, &svc.args.peer) {
+            (Some(path), _) if path.exists() => crate::snapshot::read(path).map_err(Box::new)?,
+            (_, Some(url)) => Some(crate::snapshot::fetch(url).map_err(Box::new)?),
+            _ => None,
+        };
+        if let Some(doc) = doc {
+            let r = crate::snapshot::restore(&svc, &doc).map_err(Box::new)?;
+            tracing::info!(
+                models = r.models,
+                events = r.events,
+                workers = r.workers,
+                "state restored"
+            );
+        }
         for w in svc.args.workers.clone() {
+            let key = WorkerKey::new(w.id, w.dp_rank);
+            let known = svc
+                .models
+                .get(&svc.args.model)
+                .is_some_and(|m| m.workers.read().contains_key(&key));
+            if known {
+                continue;
+            }
             svc.register(WorkerSpec {
-                key: WorkerKey::new(w.id, w.dp_rank),
+                key,
                 model: svc.args.model.clone(),
                 block_size: svc.args.block_size,
                 endpoint: Some(w.endpoint),
@@ -138,13 +163,29 @@ impl Service {
         Ok(svc)
     }
 
+    /// Stops applying events (the ingest threads end); for shutdown.
+    pub fn stop_ingest(&self) {
+        self.ingest.stop();
+    }
+
     /// Microseconds since the service started (the policies' clock).
     pub fn now_us(&self) -> u64 {
         self.start.elapsed().as_micros() as u64
     }
 
     /// Registers a worker and starts its feed (none in approximate mode).
-    pub fn register(&self, mut spec: WorkerSpec) -> Result<(), ServiceError> {
+    pub fn register(&self, spec: WorkerSpec) -> Result<(), ServiceError> {
+        self.register_from(spec, 0, 0).map(|_| ())
+    }
+
+    /// Registers a worker whose history is wanted from seq `start`, its
+    /// index events numbered from `first_id` (after a snapshot).
+    pub fn register_from(
+        &self,
+        mut spec: WorkerSpec,
+        start: u64,
+        first_id: u64,
+    ) -> Result<Arc<Worker>, ServiceError> {
         if self.args.no_kv_events {
             spec.endpoint = None;
             spec.replay_endpoint = None;
@@ -157,7 +198,10 @@ impl Service {
             }
         }
         let (model, worker) = self.models.add(spec)?;
-        if let Err(e) = self.ingest.add(Arc::clone(&model), Arc::clone(&worker), 0) {
+        let fed = self
+            .ingest
+            .add(Arc::clone(&model), Arc::clone(&worker), start, first_id);
+        if let Err(e) = fed {
             self.models.remove(
                 &model.name,
                 worker.spec.key.worker_id,
@@ -165,8 +209,8 @@ impl Service {
             );
             return Err(e.into());
         }
-        tracing::info!(model = %model.name, worker = ?worker.spec.key, endpoint = ?worker.spec.endpoint, "worker registered");
-        Ok(())
+        tracing::info!(model = %model.name, worker = ?worker.spec.key, endpoint = ?worker.spec.endpoint, start, "worker registered");
+        Ok(worker)
     }
 
     /// Unregisters instance `id` of `model` (one rank or all): its feed

@@ -284,3 +284,76 @@ fn unregistering_stops_the_feed_and_drops_the_blocks() {
     let (s, _) = r.post("/unregister", &json!({"instance_id": 1, "model_name": "m"}));
     assert_eq!(s, 404);
 }
+
+#[test]
+fn a_router_restarted_from_its_snapshot_and_a_replica_from_its_peer_answer_as_before() {
+    let py = need_python!();
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("router.json");
+    let mut p = Publisher::start(&py, "array", "int");
+    let mut e = Engine::new(1);
+    let expect = Expect::new();
+    let mut rng = 23u64;
+    let mut a = args();
+    a.snapshot = Some(snap.clone());
+    {
+        let r = Router::start(a.clone());
+        register(&r, 1, &p, true);
+        for _ in 0..20 {
+            let (w, evs) = e.random_batch(&mut rng, 4);
+            p.batch(w, false);
+            expect.apply(&evs);
+        }
+        r.wait_for("m", 1, p.last_seq.unwrap());
+        expect.check(&r, "m", &[e.key]);
+    } // SIGTERM's path: graceful shutdown writes the snapshot.
+    assert!(snap.exists());
+    // Published while no router listens.
+    for _ in 0..5 {
+        let (w, evs) = e.random_batch(&mut rng, 4);
+        p.batch(w, false);
+        expect.apply(&evs);
+    }
+    let r = Router::start(a);
+    // The worker came back from the snapshot, not from a flag or /register.
+    let f = r.feed("m", 1, 0);
+    assert_eq!(f["last_seq"], 19, "{f}");
+    std::thread::sleep(Duration::from_millis(200));
+    let (w, evs) = e.random_batch(&mut rng, 4);
+    p.batch(w, false);
+    expect.apply(&evs);
+    r.wait_for("m", 1, p.last_seq.unwrap());
+    expect.check(&r, "m", &[e.key]);
+    let f = r.feed("m", 1, 0);
+    assert_eq!(f["resyncs"], 0, "{f}");
+    assert_eq!(
+        f["replays"], 1,
+        "it replayed from its snapshot's seq, not from 0: {f}"
+    );
+    let replays = p.cmd(json!({"op": "buffer", "size": 10000}))["replays"]
+        .as_u64()
+        .unwrap();
+    // A new replica starts from this router's /dump and catches up.
+    let mut c = args();
+    c.peer = Some(r.base.clone());
+    let replica = Router::start(c);
+    std::thread::sleep(Duration::from_millis(200));
+    for _ in 0..3 {
+        let (w, evs) = e.random_batch(&mut rng, 4);
+        p.batch(w, false);
+        expect.apply(&evs);
+    }
+    replica.wait_for("m", 1, p.last_seq.unwrap());
+    r.wait_for("m", 1, p.last_seq.unwrap());
+    expect.check(&replica, "m", &[e.key]);
+    expect.check(&r, "m", &[e.key]);
+    let f = replica.feed("m", 1, 0);
+    assert_eq!(f["resyncs"], 0, "{f}");
+    let after = p.cmd(json!({"op": "buffer", "size": 10000}))["replays"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        after <= replays + 1,
+        "the replica replayed at most its gap: {replays} -> {after}"
+    );
+}
