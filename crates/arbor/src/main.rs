@@ -76,6 +76,55 @@ fn main() -> ExitCode {
     }
 }
 
+/// A router serving on a free loopback port from its own thread until the
+/// guard drops.
+fn local_router(args: kvrouter::RouterArgs) -> anyhow::Result<(String, LocalRouter)> {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || -> anyhow::Result<()> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let _ = addr_tx.send(l.local_addr()?);
+            kvrouter::serve(args, l, async {
+                let _ = rx.await;
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))
+        })
+    });
+    let addr = addr_rx
+        .recv()
+        .map_err(|_| anyhow::anyhow!("the live router did not start"))?;
+    Ok((
+        format!("http://{addr}"),
+        LocalRouter {
+            stop: Some(tx),
+            thread: Some(thread),
+        },
+    ))
+}
+
+/// Stops the local router when dropped.
+struct LocalRouter {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Drop for LocalRouter {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 fn router(args: kvrouter::RouterArgs) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -98,6 +147,21 @@ fn router(args: kvrouter::RouterArgs) -> anyhow::Result<()> {
 }
 
 fn replay(args: &kvreplay::ReplayArgs) -> anyhow::Result<()> {
+    // `--live` with no URL: a router of our own on loopback for the run,
+    // with the simulation's policy knobs and seed.
+    let _router;
+    let mut args = args.clone();
+    if args.live.as_deref() == Some("auto") {
+        let sim = args.sim();
+        let mut r = kvrouter::RouterArgs::defaults();
+        r.seed = sim.seed ^ 0x5EED;
+        r.cost = Some(sim.cost);
+        r.balance = Some(sim.balance);
+        let (url, guard) = local_router(r)?;
+        args.live = Some(url);
+        _router = guard;
+    }
+    let args = &args;
     let report = kvreplay::run(args)?;
     print!("{}", kvreplay::report::render_table(&report));
     kvreplay::write_outputs(args, &report)?;

@@ -328,3 +328,46 @@ fn bundled_trace_runs_when_present() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("200 requests"));
 }
+
+/// `--live`: the simulated engines publish over ZMQ in vLLM's wire format
+/// to a router on loopback, which routes every request; each policy's hit
+/// rate must equal the in-process simulation's within one point.
+#[test]
+fn live_routing_through_a_router_matches_the_simulation() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let mut args = TINY_WORKLOAD.to_vec();
+    args.extend([
+        "--kv-blocks",
+        "2000",
+        "--no-stress",
+        "--no-progress",
+        "--live",
+    ]);
+    args.extend(["--json", json.to_str().unwrap()]);
+    let out = arbor(&args);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("Routed live by http://127.0.0.1:"),
+        "{stdout}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let local = r["policies"].as_array().unwrap();
+    let live = r["live"].as_array().unwrap();
+    assert_eq!(live.len(), 5, "{stdout}");
+    for l in live {
+        let p = local.iter().find(|p| p["policy"] == l["policy"]).unwrap();
+        let (a, b) = (
+            l["hit_rate"].as_f64().unwrap(),
+            p["hit_rate"].as_f64().unwrap(),
+        );
+        assert!(
+            (a - b).abs() <= 0.01,
+            "{}: live {a} vs in process {b}",
+            l["policy"]
+        );
+        assert_eq!(l["requests"], p["requests"]);
+    }
+}

@@ -284,6 +284,14 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "FILE.svg", help_heading = "Output")]
     pub plot: Option<PathBuf>,
 
+    /// Also route every request of each policy through a running router
+    /// service at this URL (`arbor router`): the simulated engines publish
+    /// their events to it over ZMQ in vLLM's wire format, `/route` decides,
+    /// `/complete` releases; the report puts both runs side by side. `arbor
+    /// kv replay --live` with no URL starts a router on loopback for the run.
+    #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "auto", help_heading = "Output")]
+    pub live: Option<String>,
+
     /// No progress bars (they are also hidden when stderr is not a terminal).
     #[arg(long, help_heading = "Output")]
     pub no_progress: bool,

@@ -13,6 +13,8 @@
 
 pub mod config;
 pub mod engine;
+#[cfg(feature = "live")]
+pub mod live;
 pub mod replay;
 pub mod report;
 pub mod stress;
@@ -32,7 +34,7 @@ pub use config::ReplayArgs;
 pub use report::Report;
 
 use crate::policy::PolicyKind;
-use crate::replay::{request_hashes, simulate, ReplayError};
+use crate::replay::{request_hashes, simulate, PolicyOutcome, ReplayError};
 use crate::report::WorkloadSummary;
 use crate::stress::{run_stress, sweep, StressConfig};
 use crate::synth::SynthError;
@@ -164,8 +166,9 @@ pub fn run(args: &ReplayArgs) -> Result<Report, Error> {
     }
 
     let mut outcomes = Vec::new();
+    let mut live = Vec::new();
     let mut timeline = None;
-    for p in sims {
+    for p in sims.clone() {
         let record = do_stress && p == args.stress_policy;
         let pb = bar(
             workload.requests.len() as u64,
@@ -179,6 +182,11 @@ pub fn run(args: &ReplayArgs) -> Result<Report, Error> {
             timeline = run.timeline;
         }
         outcomes.push(run.outcome);
+    }
+    if let Some(url) = &args.live {
+        for &p in &policies {
+            live.push(run_live(url, &workload, &hashes, &sim, p, show)?);
+        }
     }
     if args.stress {
         outcomes.clear();
@@ -213,11 +221,53 @@ pub fn run(args: &ReplayArgs) -> Result<Report, Error> {
         workload: summary,
         fleet: sim,
         policies: outcomes,
+        live,
+        live_router: args.live.clone(),
         stress_policy: do_stress.then_some(args.stress_policy),
         stress,
         sweeps,
         wall_s: started.elapsed().as_secs_f64(),
     })
+}
+
+/// One policy routed live by the router at `url`.
+#[cfg(feature = "live")]
+fn run_live(
+    url: &str,
+    workload: &Workload,
+    hashes: &[std::sync::Arc<[kvindex::LocalHash]>],
+    sim: &replay::SimConfig,
+    p: PolicyKind,
+    show: bool,
+) -> Result<PolicyOutcome, Error> {
+    static RUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let model = format!("kvreplay-{}-{}-{n}", std::process::id(), p.name());
+    let mut d = live::LiveRouter::connect(url, &model, sim.workers, p)?;
+    let pb = bar(
+        workload.requests.len() as u64,
+        format!("live: {}", p.name()),
+        show,
+    );
+    let run = replay::simulate_with(workload, hashes, sim, p, &mut d, false, &pb);
+    pb.finish_and_clear();
+    d.close();
+    Ok(run?.outcome)
+}
+
+/// Without the `live` feature there is no live router.
+#[cfg(not(feature = "live"))]
+fn run_live(
+    _url: &str,
+    _workload: &Workload,
+    _hashes: &[std::sync::Arc<[kvindex::LocalHash]>],
+    _sim: &replay::SimConfig,
+    _p: PolicyKind,
+    _show: bool,
+) -> Result<PolicyOutcome, Error> {
+    Err(Error::Config(
+        "--live needs kvreplay built with its `live` feature".into(),
+    ))
 }
 
 /// Writes the JSON and SVG outputs `args` asks for.

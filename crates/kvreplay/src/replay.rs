@@ -3,11 +3,13 @@
 //!
 //! Time advances from event to event: request arrivals (from the workload)
 //! and request completions (from the engines' time model); at equal times
-//! completions go first so freed slots serve the arrival. On arrival the
-//! router picks a worker from the workers' loads and, for the KV-aware
-//! policy, the index's overlap scores; the engine queues the request and
-//! admits what it can, publishing `Stored`/`Removed` events that are applied
-//! to the index at once (the router's view is exact and immediate).
+//! completions go first so freed slots serve the arrival. Routing goes
+//! through a [`Dispatch`]: in process ([`InProcess`]: the policy of
+//! `kvroute` over the index's overlap scores and the router's own in-flight
+//! accounting, `kvroute::LoadTracker`, exactly as the router service runs
+//! them), or a live router service. The engine queues the request and
+//! admits what it can, publishing `Stored`/`Removed` events that reach the
+//! router's index before the next decision.
 //!
 //! Each run can record a per-worker [`Timeline`] of lookups (the request's
 //! hashes at arrival) and events, which the stress harness replays.
@@ -21,6 +23,8 @@ use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 use kvindex::{KvEvent, KvIndexer, LocalHash, WorkerKey};
 use serde::Serialize;
+
+use kvroute::LoadTracker;
 
 use crate::engine::{external_hashes, local_hash, Engine, EngineConfig, EngineRequest};
 use crate::policy::{Balance, KvCost, PolicyKind, Router, WorkerLoad};
@@ -44,6 +48,113 @@ pub enum ReplayError {
     /// Invalid fleet configuration.
     #[error("invalid simulation setting: {0}")]
     Config(String),
+    /// A live router failed to answer or to take events.
+    #[error("live router: {0}")]
+    Live(String),
+}
+
+/// Where routing decisions are made and engine events go.
+pub trait Dispatch {
+    /// Chooses a worker (0..workers) for request `id`, whose blocks have
+    /// local hashes `locals`, arriving at `now_us`; the request counts as
+    /// in flight there until [`Dispatch::complete`].
+    fn route(&mut self, now_us: u64, id: usize, locals: &[LocalHash])
+        -> Result<usize, ReplayError>;
+    /// Worker `w`'s engine published `events` (one engine step) at `now_us`.
+    fn publish(&mut self, now_us: u64, w: usize, events: &[KvEvent]) -> Result<(), ReplayError>;
+    /// Request `id` finished its prefill (first token) at `now_us`.
+    fn prefilled(&mut self, now_us: u64, id: usize) -> Result<(), ReplayError> {
+        let _ = (now_us, id);
+        Ok(())
+    }
+    /// Request `id` finished at `now_us`.
+    fn complete(&mut self, now_us: u64, id: usize) -> Result<(), ReplayError>;
+}
+
+/// Routing in process: the policy over the index's overlap scores and the
+/// in-flight loads of a `kvroute::LoadTracker`, as the router service runs
+/// them.
+pub struct InProcess<'a> {
+    router: Router,
+    loads: LoadTracker<usize>,
+    index: Option<&'a dyn KvIndexer>,
+    workers: usize,
+    overlaps: Vec<u32>,
+    scratch: Vec<WorkerLoad>,
+}
+
+impl<'a> InProcess<'a> {
+    /// A router for `policy` over `index` (consulted only by the KV-aware
+    /// policies, but always fed) for `cfg`'s fleet.
+    pub fn new(cfg: &SimConfig, policy: PolicyKind, index: Option<&'a dyn KvIndexer>) -> Self {
+        Self {
+            router: Router::new(policy, cfg.cost, cfg.balance, cfg.seed ^ 0x5EED),
+            loads: LoadTracker::new(),
+            index: index.filter(|_| policy.uses_index()),
+            workers: cfg.workers,
+            overlaps: vec![0; cfg.workers],
+            scratch: vec![WorkerLoad::default(); cfg.workers],
+        }
+    }
+}
+
+impl Dispatch for InProcess<'_> {
+    fn route(
+        &mut self,
+        now_us: u64,
+        id: usize,
+        locals: &[LocalHash],
+    ) -> Result<usize, ReplayError> {
+        let seqs = kvindex::sequence_hashes(locals);
+        self.overlaps.iter_mut().for_each(|o| *o = 0);
+        if let Some(ix) = self.index {
+            for (wk, s) in ix.find_matches(locals).iter() {
+                if let Some(o) = self.overlaps.get_mut(wk.worker_id as usize) {
+                    *o = s;
+                }
+            }
+        }
+        for (w, l) in self.scratch.iter_mut().enumerate() {
+            *l = self.loads.load(&w, &seqs);
+        }
+        let w = self
+            .router
+            .choose(now_us, locals.len() as u64, &self.scratch, &self.overlaps);
+        let _ = self.loads.start(
+            &id.to_string(),
+            w,
+            &seqs,
+            self.overlaps[w],
+            now_us,
+            u64::MAX,
+        );
+        debug_assert!(w < self.workers);
+        Ok(w)
+    }
+
+    fn publish(&mut self, _now_us: u64, _w: usize, events: &[KvEvent]) -> Result<(), ReplayError> {
+        if let Some(ix) = self.index {
+            for ev in events {
+                ix.apply(ev).map_err(|e| ReplayError::Index {
+                    index: ix.name(),
+                    worker: ev.worker,
+                    event_id: ev.event_id,
+                    message: e.to_string(),
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn prefilled(&mut self, _now_us: u64, id: usize) -> Result<(), ReplayError> {
+        self.loads.prefill_done(&id.to_string());
+        Ok(())
+    }
+
+    fn complete(&mut self, _now_us: u64, id: usize) -> Result<(), ReplayError> {
+        self.loads.complete(&id.to_string());
+        Ok(())
+    }
 }
 
 /// Fleet parameters.
@@ -205,9 +316,10 @@ pub fn worker_key(i: usize) -> WorkerKey {
     }
 }
 
-/// Runs `workload` through `cfg.workers` engines routed by `policy`. The
-/// KV-aware policies consult `index`, which must start empty; other
-/// policies ignore it. `hashes` comes from [`request_hashes`].
+/// Runs `workload` through `cfg.workers` engines routed by `policy` in
+/// process ([`InProcess`]). The KV-aware policies consult and feed
+/// `index`, which must start empty; other policies ignore it. `hashes`
+/// comes from [`request_hashes`].
 pub fn simulate(
     workload: &Workload,
     hashes: &[Arc<[LocalHash]>],
@@ -217,42 +329,77 @@ pub fn simulate(
     record_timeline: bool,
     progress: &ProgressBar,
 ) -> Result<SimRun, ReplayError> {
+    let mut d = InProcess::new(cfg, policy, index);
+    simulate_with(
+        workload,
+        hashes,
+        cfg,
+        policy,
+        &mut d,
+        record_timeline,
+        progress,
+    )
+}
+
+/// Simulates `workload` with routing decisions from `dispatch` (`policy`
+/// names them in the outcome).
+pub fn simulate_with(
+    workload: &Workload,
+    hashes: &[Arc<[LocalHash]>],
+    cfg: &SimConfig,
+    policy: PolicyKind,
+    dispatch: &mut dyn Dispatch,
+    record_timeline: bool,
+    progress: &ProgressBar,
+) -> Result<SimRun, ReplayError> {
     cfg.validate()?;
     let started = Instant::now();
     let n = cfg.workers;
     let mut engines: Vec<Engine> = (0..n)
         .map(|i| Engine::new(worker_key(i), cfg.engine))
         .collect();
-    let mut router = Router::new(policy, cfg.cost, cfg.balance, cfg.seed ^ 0x5EED);
     let mut timeline = record_timeline.then(|| Timeline {
         per_worker: vec![Vec::new(); n],
     });
-    let index = if policy.uses_index() { index } else { None };
     let mut ttft = Histogram::<u64>::new_with_bounds(1, 1 << 42, 3).expect("histogram bounds");
     let mut ttft_sum = 0f64;
     let mut done: BinaryHeap<Reverse<(u64, usize, usize)>> = BinaryHeap::new();
     let mut events: Vec<(u64, KvEvent)> = Vec::new();
-    let mut loads = vec![WorkerLoad::default(); n];
-    let mut overlaps = vec![0u32; n];
     let (mut blocks_requested, mut blocks_reused, mut prefill_tokens, mut n_events) =
         (0u64, 0u64, 0u64, 0u64);
     let mut last_t = 0u64;
 
     let mut next = 0usize;
     let reqs = &workload.requests;
+    // First tokens: (time, request). They only tell the router; the
+    // engines do not step on them.
+    let mut first_tokens: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
     loop {
         let next_arrival = reqs.get(next).map(|r| r.arrival_us);
         let next_done = done.peek().map(|Reverse(d)| d.0);
+        let horizon = match (next_arrival, next_done) {
+            (Some(a), Some(d)) => a.min(d),
+            (a, d) => a.or(d).unwrap_or(u64::MAX),
+        };
+        while let Some(&Reverse((t, id))) = first_tokens.peek() {
+            if t > horizon {
+                break;
+            }
+            first_tokens.pop();
+            dispatch.prefilled(t, id)?;
+        }
         let (now, worker) = match (next_arrival, next_done) {
             (None, None) => break,
             (Some(a), Some(d)) if d <= a => {
                 let Reverse((t, w, id)) = done.pop().expect("peeked");
                 engines[w].finish(id);
+                dispatch.complete(t, id)?;
                 (t, w)
             }
             (None, Some(_)) => {
                 let Reverse((t, w, id)) = done.pop().expect("peeked");
                 engines[w].finish(id);
+                dispatch.complete(t, id)?;
                 (t, w)
             }
             (Some(a), _) => {
@@ -263,30 +410,12 @@ pub fn simulate(
                 }
                 let r = &reqs[i];
                 let h = &hashes[i];
-                for (l, e) in loads.iter_mut().zip(&engines) {
-                    *l = WorkerLoad {
-                        active_blocks: e.active_blocks(),
-                        pending_prefill_blocks: e.pending_prefill_blocks(a),
-                        active_requests: e.active_requests() as u64,
-                        active_overlap: 0,
-                    };
+                let w = dispatch.route(a, i, h)?;
+                if w >= n {
+                    return Err(ReplayError::Live(format!(
+                        "routed request {i} to worker {w} of {n}"
+                    )));
                 }
-                if let Some(ix) = index {
-                    let scores = ix.find_matches(h);
-                    overlaps.iter_mut().for_each(|o| *o = 0);
-                    for (wk, s) in scores.iter() {
-                        let wi = wk.worker_id as usize;
-                        if wi < n && s > 0 {
-                            overlaps[wi] = s;
-                            // What the router's own active-sequence tracking
-                            // would know: the in-use part of the overlap.
-                            let exts = external_hashes(wk, &r.blocks[..s as usize]);
-                            loads[wi].active_overlap =
-                                engines[wi].pool().pinned_prefix(&exts) as u32;
-                        }
-                    }
-                }
-                let w = router.choose(a, h.len() as u64, &loads, &overlaps);
                 if let Some(tl) = timeline.as_mut() {
                     tl.per_worker[w].push((a, TimelineEntry::Query(h.clone())));
                 }
@@ -310,20 +439,20 @@ pub fn simulate(
             ttft.saturating_record(a.ttft_us.max(1));
             ttft_sum += a.ttft_us as f64;
             done.push(Reverse((a.done_us, worker, a.id)));
+            first_tokens.push(Reverse((reqs[a.id].arrival_us + a.ttft_us, a.id)));
         }
-        for (t, ev) in events.drain(..) {
-            n_events += 1;
-            if let Some(ix) = index {
-                ix.apply(&ev).map_err(|e| ReplayError::Index {
-                    index: ix.name(),
-                    worker: ev.worker,
-                    event_id: ev.event_id,
-                    message: e.to_string(),
-                })?;
-            }
+        if !events.is_empty() {
+            n_events += events.len() as u64;
+            let evs: Vec<KvEvent> = events.iter().map(|(_, e)| e.clone()).collect();
+            dispatch.publish(now, worker, &evs)?;
             if let Some(tl) = timeline.as_mut() {
-                tl.per_worker[worker].push((t, TimelineEntry::Event(ev)));
+                tl.per_worker[worker].extend(
+                    events
+                        .drain(..)
+                        .map(|(t, ev)| (t, TimelineEntry::Event(ev))),
+                );
             }
+            events.clear();
         }
     }
     progress.inc((reqs.len() % 1024) as u64);

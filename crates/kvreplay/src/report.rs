@@ -44,6 +44,10 @@ pub struct Report {
     pub fleet: SimConfig,
     /// One entry per routing policy.
     pub policies: Vec<PolicyOutcome>,
+    /// The same policies routed live by a router service, when `--live`.
+    pub live: Vec<PolicyOutcome>,
+    /// The router the live runs used.
+    pub live_router: Option<String>,
     /// The policy whose timeline the stress replay used.
     pub stress_policy: Option<PolicyKind>,
     /// Fixed-window stress runs.
@@ -193,6 +197,33 @@ pub fn render_table(r: &Report) -> String {
             o,
             "  hit rate = prompt blocks reused / requested; imbalance = busiest worker's work / mean"
         );
+    }
+    if !r.live.is_empty() {
+        let _ = writeln!(
+            o,
+            "\nRouted live by {} (events over ZMQ in vLLM's wire format, /route, /complete)",
+            r.live_router.as_deref().unwrap_or("?")
+        );
+        let _ = writeln!(
+            o,
+            "  {:<13} {:>9} {:>11} {:>10} {:>10}",
+            "policy", "hit rate", "in process", "diff (pp)", "wall"
+        );
+        for l in &r.live {
+            let local = r.policies.iter().find(|p| p.policy == l.policy);
+            let _ = writeln!(
+                o,
+                "  {:<13} {:>8.1}% {:>10} {:>10} {:>9.1}s",
+                l.policy.name(),
+                l.hit_rate * 100.0,
+                local.map_or("-".into(), |p| format!("{:.1}%", p.hit_rate * 100.0)),
+                local.map_or("-".into(), |p| format!(
+                    "{:+.2}",
+                    (l.hit_rate - p.hit_rate) * 100.0
+                )),
+                l.wall_ms / 1000.0
+            );
+        }
     }
     if !r.stress.is_empty() || !r.sweeps.is_empty() {
         let _ = writeln!(

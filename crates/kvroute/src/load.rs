@@ -10,8 +10,9 @@
 //! * `active_blocks`: the distinct blocks their prompts occupy (requests
 //!   sharing a prefix share its blocks, by sequence hash, as the engine's
 //!   prefix cache shares them);
-//! * `pending_prefill_blocks`: the blocks they had to compute (their
-//!   blocks minus the overlap the worker had cached when they were routed);
+//! * `pending_prefill_blocks`: the blocks they still have to compute (their
+//!   blocks minus the overlap the worker had cached when they were routed,
+//!   until [`LoadTracker::prefill_done`]);
 //! * `active_overlap`, per query: how many leading blocks of the new
 //!   request are already in use there.
 //!
@@ -129,6 +130,20 @@ impl<K: Clone + Eq + Hash> LoadTracker<K> {
         Some(r.worker)
     }
 
+    /// Request `id` finished its prefill (its first token is out): its
+    /// blocks no longer count as pending prefill. Returns false if it is
+    /// not in flight.
+    pub fn prefill_done(&mut self, id: &str) -> bool {
+        let Some(r) = self.requests.get_mut(id) else {
+            return false;
+        };
+        if let Some(a) = self.workers.get_mut(&r.worker) {
+            a.prefill = a.prefill.saturating_sub(r.prefill);
+        }
+        r.prefill = 0;
+        true
+    }
+
     /// Ends every request whose time to live has passed at `now_us`;
     /// returns how many.
     pub fn expire(&mut self, now_us: u64) -> usize {
@@ -161,6 +176,11 @@ impl<K: Clone + Eq + Hash> LoadTracker<K> {
             self.requests.remove(&key.1);
             self.deadlines.remove(&key);
         }
+    }
+
+    /// True if request `id` is in flight.
+    pub fn contains(&self, id: &str) -> bool {
+        self.requests.contains_key(id)
     }
 
     /// Requests in flight, all workers.
@@ -233,6 +253,7 @@ mod tests {
     enum Op {
         Start(u8, u8, Vec<u8>, u8),
         Complete(u8),
+        PrefillDone(u8),
         Expire(u8),
     }
 
@@ -246,6 +267,7 @@ mod tests {
             )
                 .prop_map(|(id, w, s, o)| Op::Start(id, w, s, o)),
             (0..8u8).prop_map(Op::Complete),
+            (0..8u8).prop_map(Op::PrefillDone),
             (0..50u8).prop_map(Op::Expire),
         ]
     }
@@ -276,6 +298,12 @@ mod tests {
                         let pos = live.iter().position(|r| r.0 == id);
                         prop_assert_eq!(t.complete(&id), pos.map(|i| live[i].1));
                         if let Some(i) = pos { live.remove(i); }
+                    }
+                    Op::PrefillDone(id) => {
+                        let id = id.to_string();
+                        let pos = live.iter().position(|r| r.0 == id);
+                        prop_assert_eq!(t.prefill_done(&id), pos.is_some());
+                        if let Some(i) = pos { live[i].3 = 0; }
                     }
                     Op::Expire(dt) => {
                         now += u64::from(dt);

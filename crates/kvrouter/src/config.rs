@@ -146,6 +146,13 @@ pub struct RouterArgs {
     /// Seed of the policies' random tie-breaks.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// The kv-aware cost knobs, for embedding (default: --overlap-weight,
+    /// temperature 0).
+    #[arg(skip)]
+    pub cost: Option<kvroute::KvCost>,
+    /// The kv-balanced knobs, for embedding (default: `Balance::default()`).
+    #[arg(skip)]
+    pub balance: Option<kvroute::Balance>,
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {

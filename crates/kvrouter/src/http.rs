@@ -3,8 +3,9 @@
 //! Dynamo-compatible (the request and response JSON of `dynamo-kv-router`
 //! 1.6.1's standalone indexer): `POST /register`, `POST /unregister`,
 //! `GET /workers`, `POST /query`, `POST /query_by_hash`, `GET /dump`,
-//! `GET /health`. Ours: `POST /route`, `POST /complete`, `GET /ready`,
-//! `GET /metrics`. Every error is JSON `{"error": "..."}`.
+//! `GET /health`. Ours: `POST /route`, `POST /prefill_complete` (first
+//! token out: its blocks stop counting as pending prefill), `POST
+//! /complete`, `GET /ready`, `GET /metrics`. Every error is JSON `{"error": "..."}`.
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -73,6 +74,7 @@ pub fn router(svc: Arc<Service>, metrics: metrics_exporter_prometheus::Prometheu
         .route("/ready", get(ready))
         .route("/route", post(route))
         .route("/complete", post(complete))
+        .route("/prefill_complete", post(prefill_complete))
         .route(
             "/metrics",
             get(move |State(s): State<Arc<Service>>| async move {
@@ -399,6 +401,10 @@ struct RouteReq {
     block_hashes: Option<Vec<i64>>,
     lora_name: Option<String>,
     request_id: Option<String>,
+    /// A policy other than the router's default.
+    policy: Option<String>,
+    /// The caller's clock (replays); see `RouteOptions`.
+    now_us: Option<u64>,
 }
 
 async fn route(State(s): State<Arc<Service>>, Body(r): Body<RouteReq>) -> Response {
@@ -421,7 +427,16 @@ async fn route(State(s): State<Arc<Service>>, Body(r): Body<RouteReq>) -> Respon
     {
         return error(StatusCode::BAD_REQUEST, "request_id must be 1 to 256 bytes");
     }
-    match s.route(&r.model_name, &p, r.request_id) {
+    let policy = match r.policy.as_deref().map(str::parse::<kvroute::PolicyKind>) {
+        None => None,
+        Some(Ok(k)) => Some(k),
+        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let opts = crate::service::RouteOptions {
+        policy,
+        now_us: r.now_us,
+    };
+    match s.route(&r.model_name, &p, r.request_id, opts) {
         Ok(d) => Json(d).into_response(),
         Err(e) => e.into_response(),
     }
@@ -437,6 +452,13 @@ async fn complete(State(s): State<Arc<Service>>, Body(r): Body<CompleteReq>) -> 
     match s.complete(r.model_name.as_deref(), &r.request_id) {
         Ok(w) => Json(json!({"status": "ok", "worker_id": w.worker_id, "dp_rank": w.dp_rank}))
             .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn prefill_complete(State(s): State<Arc<Service>>, Body(r): Body<CompleteReq>) -> Response {
+    match s.prefill_complete(r.model_name.as_deref(), &r.request_id) {
+        Ok(()) => Json(json!({"status": "ok"})).into_response(),
         Err(e) => e.into_response(),
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvindex::{ConcurrentIndex, KvIndexer, WorkerKey};
-use kvroute::{LoadTracker, Router};
+use kvroute::{LoadTracker, PolicyKind, Router};
 use parking_lot::{Mutex, RwLock};
 
 use crate::approx::Approx;
@@ -146,9 +146,12 @@ pub struct Worker {
 
 /// Routing state of one model.
 pub struct Routing {
-    /// The policy.
-    pub router: Router,
-    /// Requests in flight.
+    /// The router's policy (`--policy`).
+    pub default: PolicyKind,
+    /// One router per policy used so far (each keeps its own state: the
+    /// round-robin turn, kv-balanced's cache pressure, its random stream).
+    pub routers: HashMap<PolicyKind, Router>,
+    /// Requests in flight, whichever policy routed them.
     pub loads: LoadTracker<WorkerKey>,
 }
 
@@ -166,9 +169,19 @@ pub struct Model {
     pub routing: Mutex<Routing>,
     /// Blocks recorded from routing decisions (approximate mode).
     pub approx: Mutex<Approx>,
+    make_router: Arc<dyn Fn(PolicyKind) -> Router + Send + Sync>,
 }
 
 impl Model {
+    /// The router for `kind` (the model's default policy if `None`),
+    /// created on first use.
+    pub fn router<'r>(&self, r: &'r mut Routing, kind: Option<PolicyKind>) -> &'r mut Router {
+        let kind = kind.unwrap_or(r.default);
+        r.routers
+            .entry(kind)
+            .or_insert_with(|| (self.make_router)(kind))
+    }
+
     /// Blocks the index holds, all workers.
     pub fn blocks(&self) -> usize {
         let workers = self.workers.read();
@@ -218,15 +231,21 @@ pub enum RegisterError {
 /// The models.
 pub struct Models {
     models: RwLock<HashMap<String, Arc<Model>>>,
-    policy: Box<dyn Fn() -> Router + Send + Sync>,
+    policy: Arc<dyn Fn(PolicyKind) -> Router + Send + Sync>,
+    default: PolicyKind,
 }
 
 impl Models {
-    /// No models yet; `policy` makes each new model's router.
-    pub fn new(policy: impl Fn() -> Router + Send + Sync + 'static) -> Self {
+    /// No models yet; `policy` makes a model's router for a policy, and
+    /// `default` is the policy of requests that name none.
+    pub fn new(
+        default: PolicyKind,
+        policy: impl Fn(PolicyKind) -> Router + Send + Sync + 'static,
+    ) -> Self {
         Self {
             models: RwLock::new(HashMap::new()),
-            policy: Box::new(policy),
+            policy: Arc::new(policy),
+            default,
         }
     }
 
@@ -288,9 +307,11 @@ impl Models {
                     index: Arc::new(ConcurrentIndex::new()),
                     workers: RwLock::new(BTreeMap::new()),
                     routing: Mutex::new(Routing {
-                        router: (self.policy)(),
+                        default: self.default,
+                        routers: HashMap::new(),
                         loads: LoadTracker::new(),
                     }),
+                    make_router: Arc::clone(&self.policy),
                     approx: Mutex::new(Approx::default()),
                 })
             })

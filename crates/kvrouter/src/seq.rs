@@ -11,9 +11,11 @@
 //!   from the next one wanted and hold live batches until the replay ends.
 //!   Replayed batches fill the gap in order; duplicates are dropped.
 //! * A replay that cannot fill the gap (the engine's buffer starts later,
-//!   ends early, times out, or the live batches held overflow): clear the
-//!   worker ([`Step::Clear`] with [`Clear::Resync`]) and go on from the
-//!   next batch there is. The index is never silently stale.
+//!   the replay brings nothing, times out, or the live batches held
+//!   overflow): clear the worker ([`Step::Clear`] with [`Clear::Resync`])
+//!   and go on from the next batch there is. The index is never silently
+//!   stale. A hole among the held batches past what a replay brought is a
+//!   newer loss: replay again.
 //! * A live seq below the next one wanted: the engine restarted. Clear the
 //!   worker ([`Clear::Restart`]) and start over from that batch. (A restart
 //!   is seen only this way: if every batch of the new process is lost until
@@ -54,6 +56,8 @@ pub struct Sequencer<P> {
     /// The seq a first-heard publisher should start at.
     start: u64,
     replaying: bool,
+    /// The replay in progress applied at least one batch.
+    progressed: bool,
     can_replay: bool,
     held: VecDeque<(u64, P)>,
     max_held: usize,
@@ -70,6 +74,7 @@ impl<P> Sequencer<P> {
             next: None,
             start,
             replaying: false,
+            progressed: false,
             can_replay,
             held: VecDeque::new(),
             max_held: max_held.max(1),
@@ -130,9 +135,8 @@ impl<P> Sequencer<P> {
             Some(n) if seq < n => self.restart(seq, p, out),
             Some(n) => {
                 if self.can_replay {
-                    self.replaying = true;
                     self.held.push_back((seq, p));
-                    out.push(Step::Replay(n));
+                    self.start_replay(n, out);
                 } else {
                     out.push(Step::Clear(Clear::Resync));
                     self.apply(seq, p, out);
@@ -149,13 +153,18 @@ impl<P> Sequencer<P> {
             self.restart(seq, p, out);
         } else if self.can_replay {
             self.next = Some(self.start);
-            self.replaying = true;
             self.held.push_back((seq, p));
-            out.push(Step::Replay(self.start));
+            self.start_replay(self.start, out);
         } else {
             out.push(Step::Clear(Clear::Resync));
             self.apply(seq, p, out);
         }
+    }
+
+    fn start_replay(&mut self, from: u64, out: &mut Vec<Step<P>>) {
+        self.replaying = true;
+        self.progressed = false;
+        out.push(Step::Replay(from));
     }
 
     fn restart(&mut self, seq: u64, p: P, out: &mut Vec<Step<P>>) {
@@ -181,9 +190,11 @@ impl<P> Sequencer<P> {
         if seq < n {
             self.duplicates += 1;
         } else if seq == n {
+            self.progressed = true;
             self.apply(seq, p, &mut out);
         } else {
             // The engine no longer holds [n, seq): that history is lost.
+            self.progressed = true;
             out.push(Step::Clear(Clear::Resync));
             self.apply(seq, p, &mut out);
         }
@@ -201,12 +212,19 @@ impl<P> Sequencer<P> {
         out
     }
 
-    /// Applies the held batches in order, resyncing over any hole.
+    /// Applies the held batches in order. A hole left after a replay that
+    /// made progress is a newer loss: replay again from it. After one that
+    /// brought nothing, the hole is history the engine cannot give: resync.
     fn resume(&mut self, out: &mut Vec<Step<P>>) {
         while let Some((seq, p)) = self.held.pop_front() {
             match self.next {
                 Some(n) if seq < n => self.duplicates += 1,
                 Some(n) if seq == n => self.apply(seq, p, out),
+                Some(n) if self.can_replay && self.progressed => {
+                    self.held.push_front((seq, p));
+                    self.start_replay(n, out);
+                    return;
+                }
                 _ => {
                     out.push(Step::Clear(Clear::Resync));
                     self.apply(seq, p, out);
@@ -320,16 +338,18 @@ mod tests {
         Publish { dropped: bool },
         /// The publisher restarts at seq 0 with an empty cache.
         Restart,
-        /// The engine serves the pending replay: what its buffer holds,
-        /// then the end marker (a timeout ends it the same way).
-        Serve,
+        /// The engine serves the pending replay: what its buffer held when
+        /// the request arrived (`lag` batches ago, at most what was
+        /// published since), then the end marker (a timeout ends it the
+        /// same way).
+        Serve { lag: u64 },
     }
 
     fn ev() -> impl Strategy<Value = Ev> {
         prop_oneof![
             6 => any::<bool>().prop_map(|d| Ev::Publish { dropped: d }),
             1 => Just(Ev::Restart),
-            3 => Just(Ev::Serve),
+            3 => (0..3u64).prop_map(|lag| Ev::Serve { lag }),
         ]
     }
 
@@ -344,11 +364,11 @@ mod tests {
             let mut s: Sequencer<(u32, u64)> = Sequencer::new(0, true, max_held);
             let mut proc_id = 0u32;
             let mut published: u64 = 0; // batches of this process so far
-            let mut pending: Option<u64> = None; // replay asked from
+            let mut pending: Option<(u64, u64)> = None; // replay asked from, when
             let mut just_restarted = false;
             // What the index holds: the batches applied since the last clear.
             let mut index: Vec<(u32, u64)> = Vec::new();
-            let carry = |steps: Vec<Step<(u32, u64)>>, index: &mut Vec<(u32, u64)>, pending: &mut Option<u64>| -> Result<(), TestCaseError> {
+            let carry = |steps: Vec<Step<(u32, u64)>>, index: &mut Vec<(u32, u64)>, pending: &mut Option<(u64, u64)>, published: u64| -> Result<(), TestCaseError> {
                 for st in steps {
                     match st {
                         Step::Apply(q, p) => {
@@ -360,7 +380,7 @@ mod tests {
                             index.push(p);
                         }
                         Step::Clear(_) => index.clear(),
-                        Step::Replay(from) => *pending = Some(from),
+                        Step::Replay(from) => *pending = Some((from, published)),
                         Step::CancelReplay => *pending = None,
                     }
                 }
@@ -377,7 +397,7 @@ mod tests {
                         if dropped && !just_restarted { continue; }
                         just_restarted = false;
                         let st = s.live(q, (proc_id, q));
-                        carry(st, &mut index, &mut pending)?;
+                        carry(st, &mut index, &mut pending, published)?;
                     }
                     Ev::Restart => {
                         proc_id += 1;
@@ -385,19 +405,20 @@ mod tests {
                         pending = None;
                         just_restarted = true;
                     }
-                    Ev::Serve => {
-                        let Some(from) = pending.take() else { continue };
-                        let oldest = published.saturating_sub(buf as u64);
+                    Ev::Serve { lag } => {
+                        let Some((from, asked_at)) = pending.take() else { continue };
+                        let upto = published.saturating_sub(lag).max(asked_at).min(published);
+                        let oldest = upto.saturating_sub(buf as u64);
                         let missing_kept = from >= oldest;
                         let mut cleared = false;
-                        for q in from.max(oldest)..published {
+                        for q in from.max(oldest)..upto {
                             let st = s.replayed(q, (proc_id, q));
                             cleared |= st.iter().any(|x| matches!(x, Step::Clear(_)));
-                            carry(st, &mut index, &mut pending)?;
+                            carry(st, &mut index, &mut pending, published)?;
                         }
                         let st = s.replay_done();
                         cleared |= st.iter().any(|x| matches!(x, Step::Clear(_)));
-                        carry(st, &mut index, &mut pending)?;
+                        carry(st, &mut index, &mut pending, published)?;
                         // A buffer that still held everything missing fills
                         // the gap without a resync.
                         if missing_kept {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use kvindex::{
     local_block_hashes, sequence_hashes, KvIndexer, LocalHash, OverlapScores, WorkerKey,
 };
-use kvroute::{Balance, KvCost, PolicyKind, Router, WorkerLoad};
+use kvroute::{KvCost, PolicyKind, Router, WorkerLoad};
 
 use crate::config::RouterArgs;
 use crate::ingest::{FeedError, Ingest};
@@ -55,6 +55,18 @@ pub enum Prompt {
     },
     /// Local block hashes the client computed.
     Hashes(Vec<u64>),
+}
+
+/// Per-request routing options.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RouteOptions {
+    /// The policy, instead of the router's `--policy`.
+    pub policy: Option<PolicyKind>,
+    /// The caller's clock, microseconds, instead of the router's: for
+    /// replays that run faster than real time on a router of their own
+    /// (the policies' decay and the request's time to live follow it, and
+    /// nothing expires on the router's clock).
+    pub now_us: Option<u64>,
 }
 
 /// One worker's numbers behind a routing decision.
@@ -112,15 +124,16 @@ pub struct Service {
 impl Service {
     /// Starts the ingest threads and registers the workers given in `args`.
     pub fn new(args: RouterArgs) -> Result<Arc<Self>, ServiceError> {
-        let (kind, seed) = (args.policy, args.seed);
-        let cost = KvCost {
+        let seed = args.seed;
+        let cost = args.cost.unwrap_or(KvCost {
             overlap_weight: args.overlap_weight,
             ..KvCost::default()
-        };
-        let counter = std::sync::atomic::AtomicU64::new(0);
-        let models = Models::new(move || {
-            let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Router::new(kind, cost, Balance::default(), seed ^ n)
+        });
+        let balance = args.balance.unwrap_or_default();
+        // Every (model, policy) router starts from the same seed, so a
+        // replay that seeds its own routers alike sees the same tie-breaks.
+        let models = Models::new(args.policy, move |kind| {
+            Router::new(kind, cost, balance, seed)
         });
         let svc = Arc::new(Self {
             ingest: Ingest::start(args.ingest()),
@@ -301,6 +314,7 @@ impl Service {
         model: &str,
         p: &Prompt,
         request_id: Option<String>,
+        opts: RouteOptions,
     ) -> Result<Decision, ServiceError> {
         let t = Instant::now();
         let m = self.model(model)?;
@@ -312,32 +326,41 @@ impl Service {
         }
         let scores = m.index.find_matches(&locals);
         let overlaps: Vec<u32> = workers.iter().map(|&w| scores.get(w)).collect();
-        let now = self.now_us();
+        let now = opts.now_us.unwrap_or_else(|| self.now_us());
         let id = request_id.unwrap_or_else(|| {
             let n = self
                 .next_request
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             format!("kvr-{n}")
         });
-        let mut r = m.routing.lock();
-        r.loads.expire(now);
+        let ttl = if opts.now_us.is_some() {
+            // On the caller's clock only /complete ends a request.
+            u64::MAX
+        } else {
+            self.args.request_ttl.as_micros() as u64
+        };
+        let mut guard = m.routing.lock();
+        let r = &mut *guard;
+        if opts.now_us.is_none() {
+            r.loads.expire(now);
+        }
+        if r.loads.contains(&id) {
+            return Err(ServiceError::Conflict(format!(
+                "request {id:?} is already in flight"
+            )));
+        }
         let loads: Vec<WorkerLoad> = workers.iter().map(|w| r.loads.load(w, &seqs)).collect();
         let n_blocks = locals.len() as u64;
-        let costs = (r.router.kind() == PolicyKind::KvAware)
-            .then(|| r.router.kv_costs(n_blocks, &loads, &overlaps));
-        let i = r.router.choose(now, n_blocks, &loads, &overlaps);
+        let router = m.router(r, opts.policy);
+        let kind = router.kind();
+        let costs =
+            (kind == PolicyKind::KvAware).then(|| router.kv_costs(n_blocks, &loads, &overlaps));
+        let i = router.choose(now, n_blocks, &loads, &overlaps);
         let w = workers[i];
         r.loads
-            .start(
-                &id,
-                w,
-                &seqs,
-                overlaps[i],
-                now,
-                self.args.request_ttl.as_micros() as u64,
-            )
+            .start(&id, w, &seqs, overlaps[i], now, ttl)
             .map_err(|e| ServiceError::Conflict(e.to_string()))?;
-        drop(r);
+        drop(guard);
         if self.args.no_kv_events {
             m.approx.lock().record(
                 &m.index,
@@ -350,7 +373,7 @@ impl Service {
         }
         let best = overlaps.iter().copied().max().unwrap_or(0);
         let reason = reason(
-            r_kind(&m),
+            kind,
             overlaps[i],
             best,
             n_blocks,
@@ -382,7 +405,7 @@ impl Service {
             dp_rank: w.dp_rank,
             overlap_blocks: overlaps[i],
             request_blocks: locals.len(),
-            policy: r_kind(&m),
+            policy: kind,
             reason,
             request_id: id,
             scores,
@@ -402,6 +425,23 @@ impl Service {
         }
         Err(ServiceError::NotFound(format!(
             "request {id:?} is not in flight (never routed, completed, or past --request-ttl)"
+        )))
+    }
+
+    /// Request `id` of `model` produced its first token: its blocks no
+    /// longer count as pending prefill on its worker.
+    pub fn prefill_complete(&self, model: Option<&str>, id: &str) -> Result<(), ServiceError> {
+        let models = match model {
+            Some(name) => vec![self.model(name)?],
+            None => self.models.all(),
+        };
+        for m in models {
+            if m.routing.lock().loads.prefill_done(id) {
+                return Ok(());
+            }
+        }
+        Err(ServiceError::NotFound(format!(
+            "request {id:?} is not in flight"
         )))
     }
 
@@ -447,10 +487,6 @@ impl Service {
             .map(|m| (m.name.clone(), m.blocks()))
             .collect()
     }
-}
-
-fn r_kind(m: &Model) -> PolicyKind {
-    m.routing.lock().router.kind()
 }
 
 fn reason(

@@ -323,6 +323,58 @@ fn stored(f: &Fields<'_, '_>) -> Result<WireEvent, String> {
     })
 }
 
+/// Encodes a batch as vLLM publishes it (array-like envelope and events,
+/// integer hashes), for test and benchmark publishers. `Unknown` and
+/// `Invalid` events are left out.
+pub fn encode_batch(ts: f64, events: &[WireEvent], dp_rank: Option<i64>) -> Vec<u8> {
+    use rmpv::Value;
+    let opt = |s: &Option<String>| s.as_deref().map_or(Value::Nil, Value::from);
+    let hashes = |h: &[u64]| Value::Array(h.iter().map(|&x| Value::from(x)).collect());
+    let evs = events
+        .iter()
+        .filter_map(|e| {
+            Some(match e {
+                WireEvent::Stored {
+                    block_hashes,
+                    parent,
+                    token_ids,
+                    block_size,
+                    medium,
+                    lora_name,
+                } => Value::Array(vec![
+                    Value::from("BlockStored"),
+                    hashes(block_hashes),
+                    parent.map_or(Value::Nil, Value::from),
+                    Value::Array(token_ids.iter().map(|&t| Value::from(t)).collect()),
+                    Value::from(*block_size),
+                    Value::Nil,
+                    opt(medium),
+                    opt(lora_name),
+                ]),
+                WireEvent::Removed {
+                    block_hashes,
+                    medium,
+                } => Value::Array(vec![
+                    Value::from("BlockRemoved"),
+                    hashes(block_hashes),
+                    opt(medium),
+                ]),
+                WireEvent::Cleared => Value::Array(vec![Value::from("AllBlocksCleared")]),
+                WireEvent::Unknown { .. } | WireEvent::Invalid { .. } => return None,
+            })
+        })
+        .collect();
+    let env = Value::Array(vec![
+        Value::F64(ts),
+        Value::Array(evs),
+        dp_rank.map_or(Value::Nil, Value::from),
+    ]);
+    let mut out = Vec::new();
+    // Writing to a vector cannot fail.
+    let _ = rmpv::encode::write_value(&mut out, &env);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -473,6 +525,27 @@ mod tests {
             assert!(matches!(e, WireEvent::Invalid { .. }), "{e:?}");
         }
         assert_eq!(got.events[6], WireEvent::Cleared);
+    }
+
+    #[test]
+    fn encoded_batches_decode_to_themselves() {
+        let evs = vec![
+            WireEvent::Stored {
+                block_hashes: vec![1, u64::MAX],
+                parent: Some(7),
+                token_ids: vec![1, 2, 3, 4],
+                block_size: 2,
+                medium: Some("GPU".into()),
+                lora_name: Some("a".into()),
+            },
+            WireEvent::Removed {
+                block_hashes: vec![1],
+                medium: None,
+            },
+            WireEvent::Cleared,
+        ];
+        let b = decode_batch(&encode_batch(2.5, &evs, Some(3))).unwrap();
+        assert_eq!((b.ts, b.events, b.dp_rank), (2.5, evs, Some(3)));
     }
 
     #[test]

@@ -165,6 +165,40 @@ fn queries_routes_and_their_errors() {
         &json!({"token_ids": toks, "model_name": "m", "request_id": "r2"}),
     );
     assert_eq!(s, 409);
+    let (s, _) = r.post(
+        "/prefill_complete",
+        &json!({"request_id": "r2", "model_name": "m"}),
+    );
+    assert_eq!(s, 200);
+    let (_, d3) = r.post(
+        "/route",
+        &json!({"token_ids": toks, "model_name": "m", "request_id": "r3"}),
+    );
+    let mine = d3["scores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["worker_id"] == w1)
+        .unwrap();
+    assert_eq!(mine["active_requests"], 2, "{d3}");
+    assert_eq!(
+        mine["pending_prefill_blocks"], 6,
+        "r1's blocks only (r2's prefill is done): {d3}"
+    );
+    assert_eq!(r.post("/complete", &json!({"request_id": "r3"})).0, 200);
+    let (s, _) = r.post("/prefill_complete", &json!({"request_id": "nope"}));
+    assert_eq!(s, 404);
+    let (s, _) = r.post(
+        "/route",
+        &json!({"token_ids": toks, "model_name": "m", "policy": "fastest"}),
+    );
+    assert_eq!(s, 400);
+    let (s, d) = r.post(
+        "/route",
+        &json!({"token_ids": toks, "model_name": "m", "policy": "round-robin", "request_id": "rr"}),
+    );
+    assert_eq!((s, &d["policy"]), (200, &json!("round-robin")), "{d}");
+    r.post("/complete", &json!({"request_id": "rr"}));
     let (s, v) = r.post("/complete", &json!({"request_id": "r1"}));
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["worker_id"], w1);
