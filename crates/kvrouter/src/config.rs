@@ -76,6 +76,12 @@ pub struct RouterArgs {
     /// `1=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558`. Repeatable.
     #[arg(long = "worker", value_name = "SPEC")]
     pub workers: Vec<WorkerArg>,
+    /// Workers from a JSON file: an array of objects with `instance_id`,
+    /// `endpoint`, and optionally `dp_rank`, `replay_endpoint`,
+    /// `model_name` (default --model) and `block_size` (default
+    /// --block-size): the body of `POST /register`.
+    #[arg(long, value_name = "FILE")]
+    pub workers_file: Option<std::path::PathBuf>,
     /// Routing policy for /route.
     #[arg(long, value_enum, default_value_t = PolicyKind::KvBalanced)]
     pub policy: PolicyKind,
@@ -153,6 +159,31 @@ pub struct RouterArgs {
     /// The kv-balanced knobs, for embedding (default: `Balance::default()`).
     #[arg(skip)]
     pub balance: Option<kvroute::Balance>,
+}
+
+/// One entry of `--workers-file`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerEntry {
+    /// Instance id.
+    pub instance_id: u64,
+    /// Data-parallel rank (0).
+    #[serde(default)]
+    pub dp_rank: u32,
+    /// Event publisher endpoint.
+    pub endpoint: String,
+    /// Replay endpoint.
+    pub replay_endpoint: Option<String>,
+    /// Model (default --model).
+    pub model_name: Option<String>,
+    /// Block size (default --block-size).
+    pub block_size: Option<u64>,
+}
+
+/// Reads `--workers-file`.
+pub fn read_workers_file(path: &std::path::Path) -> Result<Vec<WorkerEntry>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {

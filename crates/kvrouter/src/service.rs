@@ -173,6 +173,27 @@ impl Service {
                 replay_endpoint: w.replay,
             })?;
         }
+        if let Some(path) = svc.args.workers_file.clone() {
+            let entries = crate::config::read_workers_file(&path).map_err(ServiceError::Invalid)?;
+            for e in entries {
+                let model = e.model_name.unwrap_or_else(|| svc.args.model.clone());
+                let key = WorkerKey::new(e.instance_id, e.dp_rank);
+                let known = svc
+                    .models
+                    .get(&model)
+                    .is_some_and(|m| m.workers.read().contains_key(&key));
+                if known {
+                    continue;
+                }
+                svc.register(WorkerSpec {
+                    key,
+                    model,
+                    block_size: e.block_size.unwrap_or(svc.args.block_size),
+                    endpoint: Some(e.endpoint),
+                    replay_endpoint: e.replay_endpoint,
+                })?;
+            }
+        }
         Ok(svc)
     }
 

@@ -284,3 +284,38 @@ fn approximate_blocks_expire() {
     let (_, q) = r.post("/query", &json!({"token_ids": toks, "model_name": "m"}));
     assert_eq!(q["scores"], json!({}), "{q}");
 }
+
+#[test]
+fn workers_from_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("workers.json");
+    std::fs::write(
+        &f,
+        r#"[{"instance_id": 4, "endpoint": "tcp://127.0.0.1:9"},
+            {"instance_id": 4, "dp_rank": 1, "endpoint": "tcp://127.0.0.1:10",
+             "replay_endpoint": "tcp://127.0.0.1:11", "model_name": "other", "block_size": 32}]"#,
+    )
+    .unwrap();
+    let mut a = args();
+    a.workers_file = Some(f.clone());
+    let r = Router::start(a);
+    let (_, ws) = r.get("/workers");
+    let ws = ws.as_array().unwrap();
+    assert_eq!(ws.len(), 2, "{ws:?}");
+    let other = ws.iter().find(|w| w["model_name"] == "other").unwrap();
+    assert_eq!(other["block_size"], 32);
+    assert_eq!(other["feeds"]["1"]["replay_endpoint"], "tcp://127.0.0.1:11");
+    // A bad file stops the router from starting, saying why.
+    std::fs::write(
+        &f,
+        r#"[{"instance_id": 1, "endpoint": "tcp://127.0.0.1:9", "typo": 1}]"#,
+    )
+    .unwrap();
+    let mut a = args();
+    a.workers_file = Some(f);
+    let err = match kvrouter::Service::new(a) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a bad workers file was accepted"),
+    };
+    assert!(err.contains("typo"), "{err}");
+}
