@@ -224,6 +224,17 @@ impl Router {
         self.pressure[w] = (v, now_us.max(self.pressure[w].1));
     }
 
+    /// The worker list changed: new position `i` was old position
+    /// `old_of_new[i]` (`None`: a new worker). Per-worker state (cache
+    /// pressure) follows its worker; departed workers' is dropped.
+    pub fn reorder(&mut self, old_of_new: &[Option<usize>]) {
+        let old = std::mem::take(&mut self.pressure);
+        self.pressure = old_of_new
+            .iter()
+            .map(|o| o.and_then(|j| old.get(j).copied()).unwrap_or((0.0, 0)))
+            .collect();
+    }
+
     /// Which workers `kv-balanced`'s guard leaves in play (not overloaded).
     pub fn eligible(&self, loads: &[WorkerLoad]) -> Vec<bool> {
         let n = loads.len().max(1) as f64;
@@ -510,6 +521,20 @@ mod tests {
         all[0].active_requests = 100;
         all[1].active_requests = 100;
         assert_eq!(r.eligible(&all), vec![true, true]);
+    }
+
+    #[test]
+    fn pressure_follows_its_worker_when_the_list_changes() {
+        let mut r = balanced(3);
+        // Worker 1 of three is sent 50 blocks to store.
+        assert_eq!(r.choose(0, 50, &idle(3), &[0, 50, 0]), 1);
+        let p = r.pressure(1, 0);
+        assert!(p > 0.0);
+        // Worker 0 leaves and a new one joins at the end: old 1 is now 0.
+        r.reorder(&[Some(1), Some(2), None]);
+        assert_eq!(r.pressure(0, 0), p);
+        assert_eq!(r.pressure(1, 0), 0.0);
+        assert_eq!(r.pressure(2, 0), 0.0);
     }
 
     #[test]

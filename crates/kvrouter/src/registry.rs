@@ -153,6 +153,9 @@ pub struct Routing {
     pub routers: HashMap<PolicyKind, Router>,
     /// Requests in flight, whichever policy routed them.
     pub loads: LoadTracker<WorkerKey>,
+    /// The worker list the routers last saw, in order (their per-worker
+    /// state is by position).
+    pub last_workers: Vec<WorkerKey>,
 }
 
 /// One model: its index, block size, workers and routing state.
@@ -173,6 +176,25 @@ pub struct Model {
 }
 
 impl Model {
+    /// Tells every router of `r` that the worker list is now `workers`, if
+    /// it changed, so that per-worker state follows its worker.
+    pub fn sync_workers(r: &mut Routing, workers: &[WorkerKey]) {
+        if r.last_workers == workers {
+            return;
+        }
+        let old: HashMap<WorkerKey, usize> = r
+            .last_workers
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (*k, i))
+            .collect();
+        let map: Vec<Option<usize>> = workers.iter().map(|k| old.get(k).copied()).collect();
+        for router in r.routers.values_mut() {
+            router.reorder(&map);
+        }
+        r.last_workers = workers.to_vec();
+    }
+
     /// The router for `kind` (the model's default policy if `None`),
     /// created on first use.
     pub fn router<'r>(&self, r: &'r mut Routing, kind: Option<PolicyKind>) -> &'r mut Router {
@@ -310,6 +332,7 @@ impl Models {
                         default: self.default,
                         routers: HashMap::new(),
                         loads: LoadTracker::new(),
+                        last_workers: Vec::new(),
                     }),
                     make_router: Arc::clone(&self.policy),
                     approx: Mutex::new(Approx::default()),

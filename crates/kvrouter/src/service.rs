@@ -362,6 +362,7 @@ impl Service {
         };
         let mut guard = m.routing.lock();
         let r = &mut *guard;
+        Model::sync_workers(r, &workers);
         if opts.now_us.is_none() {
             r.loads.expire(now);
         }
