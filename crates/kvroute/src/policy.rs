@@ -526,8 +526,8 @@ mod tests {
     #[test]
     fn pressure_follows_its_worker_when_the_list_changes() {
         let mut r = balanced(3);
-        // Worker 1 of three is sent 50 blocks to store.
-        assert_eq!(r.choose(0, 50, &idle(3), &[0, 50, 0]), 1);
+        // Worker 1 of three holds 10 of 50 blocks: it is sent 40 to store.
+        assert_eq!(r.choose(0, 50, &idle(3), &[0, 10, 0]), 1);
         let p = r.pressure(1, 0);
         assert!(p > 0.0);
         // Worker 0 leaves and a new one joins at the end: old 1 is now 0.
