@@ -102,7 +102,6 @@ struct RegisterReq {
     endpoint: String,
     model_name: String,
     #[serde(default = "default_group")]
-    #[allow(dead_code)]
     routing_group: String,
     block_size: u64,
     dp_rank: Option<u32>,
@@ -110,6 +109,15 @@ struct RegisterReq {
 }
 
 async fn register(State(s): State<Arc<Service>>, Body(r): Body<RegisterReq>) -> Response {
+    if r.routing_group != "default" {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "routing_group {:?}: this router has only the default group",
+                r.routing_group
+            ),
+        );
+    }
     let spec = WorkerSpec {
         key: WorkerKey::new(r.instance_id, r.dp_rank.unwrap_or(0)),
         model: r.model_name,
@@ -272,6 +280,8 @@ struct QueryReq {
     token_ids: Vec<u32>,
     model_name: String,
     lora_name: Option<String>,
+    cache_salt: Option<String>,
+    routing_group: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -279,6 +289,19 @@ struct QueryByHashReq {
     block_hashes: Vec<i64>,
     model_name: String,
     cache_salt: Option<serde_json::Value>,
+    routing_group: Option<String>,
+}
+
+/// Only the default routing group exists: another is a model with no
+/// index (404, as Dynamo answers for a group it does not hold).
+fn other_group(model: &str, group: Option<&str>) -> Option<Response> {
+    match group {
+        None | Some("default") => None,
+        Some(g) => Some(error(
+            StatusCode::NOT_FOUND,
+            format!("no index for model={model} routing_group={g}"),
+        )),
+    }
 }
 
 #[derive(Serialize)]
@@ -311,21 +334,37 @@ fn score_json(scores: &OverlapScores, block_size: u64) -> serde_json::Value {
             disk: 0,
         });
         e.gpu = e.gpu.max(tokens);
+        // Tiers are cumulative in Dynamo's summary; this index tracks one.
+        e.cpu = e.gpu;
+        e.disk = e.gpu;
         e.longest_matched = e.gpu;
         e.dp.insert(w.dp_rank.to_string(), tokens);
     }
-    let frequencies: Vec<usize> = (0..deepest)
-        .map(|d| scores.iter().filter(|&(_, n)| n > d).count())
-        .collect();
+    // Workers holding each depth: one pass over the scores sorted deepest
+    // first, not depth x workers.
+    let mut depths: Vec<u32> = scores.iter().map(|(_, n)| n).collect();
+    depths.sort_unstable_by(|a, b| b.cmp(a));
+    let mut frequencies = vec![0usize; deepest as usize];
+    let mut holding = 0usize;
+    for d in (0..deepest).rev() {
+        while holding < depths.len() && depths[holding] > d {
+            holding += 1;
+        }
+        frequencies[d as usize] = holding;
+    }
     let instances: BTreeMap<String, Summary> =
         inst.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     json!({ "scores": flat, "frequencies": frequencies, "instances": instances })
 }
 
 async fn query(State(s): State<Arc<Service>>, Body(r): Body<QueryReq>) -> Response {
+    if let Some(resp) = other_group(&r.model_name, r.routing_group.as_deref()) {
+        return resp;
+    }
     let p = Prompt::Tokens {
         token_ids: r.token_ids,
         lora_name: r.lora_name,
+        cache_salt: r.cache_salt,
     };
     match s.query(&r.model_name, &p) {
         Ok((sc, bs)) => Json(score_json(&sc, bs)).into_response(),
@@ -334,6 +373,9 @@ async fn query(State(s): State<Arc<Service>>, Body(r): Body<QueryReq>) -> Respon
 }
 
 async fn query_by_hash(State(s): State<Arc<Service>>, Body(r): Body<QueryByHashReq>) -> Response {
+    if let Some(resp) = other_group(&r.model_name, r.routing_group.as_deref()) {
+        return resp;
+    }
     if r.cache_salt.as_ref().is_some_and(|v| !v.is_null()) {
         return error(
             StatusCode::BAD_REQUEST,
@@ -400,6 +442,7 @@ struct RouteReq {
     token_ids: Option<Vec<u32>>,
     block_hashes: Option<Vec<i64>>,
     lora_name: Option<String>,
+    cache_salt: Option<String>,
     request_id: Option<String>,
     /// A policy other than the router's default.
     policy: Option<String>,
@@ -412,6 +455,7 @@ async fn route(State(s): State<Arc<Service>>, Body(r): Body<RouteReq>) -> Respon
         (Some(t), None) => Prompt::Tokens {
             token_ids: t,
             lora_name: r.lora_name,
+            cache_salt: r.cache_salt,
         },
         (None, Some(h)) => Prompt::Hashes(h.iter().map(|&x| x as u64).collect()),
         _ => {

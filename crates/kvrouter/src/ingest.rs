@@ -14,7 +14,7 @@
 //! Replay: the router sends `["", start_seq]` to the engine's ROUTER and
 //! gets `["", seq, payload]` (or `["", topic, seq, payload]`) per batch,
 //! then an end marker whose seq is -1.
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed, Ordering::Release};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -340,8 +340,9 @@ impl Lane {
             let st = &f.worker.status;
             st.batches.fetch_add(1, Relaxed);
             // [topic, seq, payload]
+            // u64::MAX has no successor: refused like a malformed frame.
             let parsed = match frames.as_slice() {
-                [_, seq, _] => seq_of(seq),
+                [_, seq, _] => seq_of(seq).filter(|&s| s != u64::MAX),
                 _ => None,
             };
             let Some(seq) = parsed else {
@@ -379,6 +380,14 @@ impl Lane {
             if raw == -1 {
                 self.finish_replay(i, false);
                 return;
+            }
+            if raw < 0 {
+                self.feeds[i]
+                    .worker
+                    .status
+                    .decode_errors
+                    .fetch_add(1, Relaxed);
+                continue;
             }
             let seq = raw as u64;
             let payload = frames.into_iter().nth(payload).unwrap_or_default();
@@ -441,6 +450,10 @@ impl Lane {
             let s = self.ctx.socket(zmq::DEALER)?;
             s.set_linger(0)?;
             s.set_maxmsgsize(self.cfg.max_frame_bytes)?;
+            // The engine sends its whole buffer at once and a ROUTER drops
+            // what a full peer queue cannot take: no receive limit here
+            // (the engine's buffer bounds a replay).
+            s.set_rcvhwm(0)?;
             s.connect(&ep)?;
             s.send_multipart([&b""[..], &from.to_be_bytes()[..]], zmq::DONTWAIT)?;
             Ok(s)
@@ -519,13 +532,13 @@ impl Feed {
     fn apply(&mut self, seq: u64, payload: &[u8]) {
         let st = &self.worker.status;
         st.heard.store(true, Relaxed);
-        st.last_seq.store(seq, Relaxed);
         let batch = match decode_batch(payload) {
             Ok(b) => b,
             Err(e) => {
                 st.decode_errors.fetch_add(1, Relaxed);
                 metrics::counter!("kvrouter_decode_errors_total").increment(1);
                 tracing::warn!(worker = ?self.key, seq, error = %e, "undecodable batch");
+                st.last_seq.store(seq, Release);
                 return;
             }
         };
@@ -593,6 +606,9 @@ impl Feed {
         if t.mismatched > 0 {
             tracing::warn!(worker = ?self.key, "events with the wrong block size rejected");
         }
+        // Published once the batch is in: whoever reads this seq (a
+        // snapshot, a replay driver) finds its events applied.
+        st.last_seq.store(seq, Release);
     }
 
     fn clear(&mut self, why: Clear) {

@@ -80,7 +80,10 @@ pub async fn serve(
 
 /// Writes the snapshot file, if one is configured; failures are logged.
 fn save(svc: &Service) {
+    // One write at a time: the shutdown write waits for a periodic one.
+    static SAVING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
     if let Some(path) = &svc.args.snapshot {
+        let _one = SAVING.lock();
         let t = std::time::Instant::now();
         let doc = snapshot::take(svc);
         match snapshot::write(path, &doc) {

@@ -116,7 +116,7 @@ impl WorkerStatus {
 
     /// The last seq applied, if any.
     pub fn last_seq(&self) -> Option<u64> {
-        match self.last_seq.load(Relaxed) {
+        match self.last_seq.load(std::sync::atomic::Ordering::Acquire) {
             u64::MAX => None,
             s => Some(s),
         }
@@ -288,7 +288,10 @@ impl Models {
         if spec.block_size == 0 || spec.block_size > 65536 {
             return Err(RegisterError::BadBlockSize(spec.block_size));
         }
-        let model = self.ensure(&spec.model, spec.block_size);
+        // Under the models lock, so a concurrent removal of the model's
+        // last worker cannot drop the model between finding and joining it.
+        let mut models = self.models.write();
+        let model = self.ensure_locked(&mut models, &spec.model, spec.block_size);
         if model.block_size != spec.block_size {
             return Err(RegisterError::BlockSize {
                 model: spec.model,
@@ -314,12 +317,22 @@ impl Models {
         }
         workers.insert(w.spec.key, Arc::clone(&w));
         drop(workers);
+        drop(models);
         Ok((model, w))
     }
 
     /// The model called `name`, created with `block_size` if new.
     pub fn ensure(&self, name: &str, block_size: u64) -> Arc<Model> {
         let mut models = self.models.write();
+        self.ensure_locked(&mut models, name, block_size)
+    }
+
+    fn ensure_locked(
+        &self,
+        models: &mut HashMap<String, Arc<Model>>,
+        name: &str,
+        block_size: u64,
+    ) -> Arc<Model> {
         models
             .entry(name.to_string())
             .or_insert_with(|| {
@@ -341,31 +354,28 @@ impl Models {
             .clone()
     }
 
-    /// Removes workers of `model` with instance `id` (one rank, or all);
-    /// returns them. A model left without workers is dropped.
-    pub fn remove(&self, model: &str, id: u64, dp_rank: Option<u32>) -> Vec<Arc<Worker>> {
+    /// Removes the workers `keys` of `model`; returns them. A model left
+    /// without workers is dropped. The index, loads and approximate blocks
+    /// are cleared after the models lock is released.
+    pub fn remove(&self, model: &str, keys: &[WorkerKey]) -> Vec<Arc<Worker>> {
         let mut models = self.models.write();
         let Some(m) = models.get(model).cloned() else {
             return Vec::new();
         };
         let mut workers = m.workers.write();
-        let gone: Vec<WorkerKey> = workers
-            .keys()
-            .filter(|k| k.worker_id == id && dp_rank.is_none_or(|r| r == k.dp_rank))
-            .copied()
-            .collect();
-        let mut out = Vec::new();
-        for k in gone {
-            if let Some(w) = workers.remove(&k) {
-                m.index.remove_worker(k);
-                m.routing.lock().loads.remove_worker(&k);
-                m.approx.lock().remove_worker(k);
-                out.push(w);
-            }
-        }
+        let out: Vec<Arc<Worker>> = keys.iter().filter_map(|k| workers.remove(k)).collect();
         if workers.is_empty() {
             drop(workers);
             models.remove(model);
+        } else {
+            drop(workers);
+        }
+        drop(models);
+        for w in &out {
+            let k = w.spec.key;
+            m.index.remove_worker(k);
+            m.routing.lock().loads.remove_worker(&k);
+            m.approx.lock().remove_worker(k);
         }
         out
     }

@@ -16,10 +16,12 @@
 //!   and go on from the next batch there is. The index is never silently
 //!   stale. A hole among the held batches past what a replay brought is a
 //!   newer loss: replay again.
-//! * A live seq below the next one wanted: the engine restarted. Clear the
-//!   worker ([`Clear::Restart`]) and start over from that batch. (A restart
-//!   is seen only this way: if every batch of the new process is lost until
-//!   its seq passes the old process's, it reads as a gap.)
+//! * A live seq at or below the last one heard live: the engine restarted.
+//!   Clear the worker ([`Clear::Restart`]) and start over from that batch.
+//!   (A restart is seen only this way: if every batch of the new process is
+//!   lost until its seq passes the old process's, it reads as a gap.) A
+//!   live seq below the next one wanted but above the last heard live was
+//!   queued on the live socket while a replay brought it: a duplicate.
 //! * The first batch heard, if it is not the one expected (0, or the one
 //!   after a snapshot's seq): replay from the expected one first, so the
 //!   worker counts as current only once its history is in.
@@ -53,6 +55,8 @@ pub enum Step<P> {
 pub struct Sequencer<P> {
     /// The next seq to apply; `None` until the first batch is heard.
     next: Option<u64>,
+    /// The highest seq heard on the live stream (this process's).
+    last_live: Option<u64>,
     /// The seq a first-heard publisher should start at.
     start: u64,
     replaying: bool,
@@ -72,6 +76,7 @@ impl<P> Sequencer<P> {
     pub fn new(start: u64, can_replay: bool, max_held: usize) -> Self {
         Self {
             next: None,
+            last_live: None,
             start,
             replaying: false,
             progressed: false,
@@ -111,20 +116,25 @@ impl<P> Sequencer<P> {
     }
 
     fn live_into(&mut self, seq: u64, p: P, out: &mut Vec<Step<P>>) {
-        if self.replaying {
-            // Below the next wanted while a replay is out: the engine
-            // restarted under the replay; ordering is lost either way.
-            if self.held.back().is_some_and(|b| seq <= b.0) {
+        // The live stream itself going back (not a replay having run ahead
+        // of batches still queued on it): the engine restarted.
+        if self.last_live.is_some_and(|l| seq <= l) {
+            if self.replaying {
                 self.replaying = false;
                 self.held.clear();
                 out.push(Step::CancelReplay);
-                self.restart(seq, p, out);
-                return;
             }
+            self.last_live = Some(seq);
+            self.restart(seq, p, out);
+            return;
+        }
+        self.last_live = Some(seq);
+        if self.replaying {
             self.held.push_back((seq, p));
             if self.held.len() > self.max_held {
                 self.replaying = false;
                 out.push(Step::CancelReplay);
+                self.progressed = false;
                 self.resume(out);
             }
             return;
@@ -132,7 +142,8 @@ impl<P> Sequencer<P> {
         match self.next {
             None => self.first(seq, p, out),
             Some(n) if seq == n => self.apply(seq, p, out),
-            Some(n) if seq < n => self.restart(seq, p, out),
+            // A replay brought it already.
+            Some(n) if seq < n => self.duplicates += 1,
             Some(n) => {
                 if self.can_replay {
                     self.held.push_back((seq, p));
@@ -175,7 +186,7 @@ impl<P> Sequencer<P> {
     }
 
     fn apply(&mut self, seq: u64, p: P, out: &mut Vec<Step<P>>) {
-        self.next = Some(seq + 1);
+        self.next = Some(seq.saturating_add(1));
         out.push(Step::Apply(seq, p));
     }
 
@@ -334,9 +345,13 @@ mod tests {
     /// What the publisher does, seen from the router.
     #[derive(Debug, Clone)]
     enum Ev {
-        /// The next batch reaches the router (or is dropped on the way).
+        /// The engine publishes its next batch; it is queued on the way
+        /// to the router (or dropped).
         Publish { dropped: bool },
-        /// The publisher restarts at seq 0 with an empty cache.
+        /// Up to `n` queued live batches reach the router, in order.
+        Deliver { n: usize },
+        /// The publisher restarts at seq 0 with an empty cache (what it had
+        /// queued reaches the router first).
         Restart,
         /// The engine serves the pending replay: what its buffer held when
         /// the request arrived (`lag` batches ago, at most what was
@@ -348,6 +363,7 @@ mod tests {
     fn ev() -> impl Strategy<Value = Ev> {
         prop_oneof![
             6 => any::<bool>().prop_map(|d| Ev::Publish { dropped: d }),
+            4 => (1..4usize).prop_map(|n| Ev::Deliver { n }),
             1 => Just(Ev::Restart),
             3 => (0..3u64).prop_map(|lag| Ev::Serve { lag }),
         ]
@@ -366,6 +382,8 @@ mod tests {
             let mut published: u64 = 0; // batches of this process so far
             let mut pending: Option<(u64, u64)> = None; // replay asked from, when
             let mut just_restarted = false;
+            // Live batches on their way, in order.
+            let mut wire: std::collections::VecDeque<(u32, u64)> = Default::default();
             // What the index holds: the batches applied since the last clear.
             let mut index: Vec<(u32, u64)> = Vec::new();
             let carry = |steps: Vec<Step<(u32, u64)>>, index: &mut Vec<(u32, u64)>, pending: &mut Option<(u64, u64)>, published: u64| -> Result<(), TestCaseError> {
@@ -396,10 +414,23 @@ mod tests {
                         // arrive before its seq passes the old one's.
                         if dropped && !just_restarted { continue; }
                         just_restarted = false;
-                        let st = s.live(q, (proc_id, q));
-                        carry(st, &mut index, &mut pending, published)?;
+                        wire.push_back((proc_id, q));
+                    }
+                    Ev::Deliver { n } => {
+                        for _ in 0..n {
+                            let Some(b) = wire.pop_front() else { break };
+                            let st = s.live(b.1, b);
+                            carry(st, &mut index, &mut pending, published)?;
+                        }
                     }
                     Ev::Restart => {
+                        // The old process's connection drains before the
+                        // new one's (an old batch heard after the new
+                        // process's cannot be told from the new one's).
+                        while let Some(b) = wire.pop_front() {
+                            let st = s.live(b.1, b);
+                            carry(st, &mut index, &mut pending, published)?;
+                        }
                         proc_id += 1;
                         published = 0;
                         pending = None;

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvindex::{
-    local_block_hashes, sequence_hashes, KvIndexer, LocalHash, OverlapScores, WorkerKey,
+    local_block_hashes_salted, sequence_hashes, BlockSalt, KvIndexer, LocalHash, OverlapScores,
+    WorkerKey,
 };
 use kvroute::{KvCost, PolicyKind, Router, WorkerLoad};
 
@@ -52,6 +53,8 @@ pub enum Prompt {
         token_ids: Vec<u32>,
         /// LoRA adapter, if any.
         lora_name: Option<String>,
+        /// Cache salt (Dynamo's `cache_salt`), if any.
+        cache_salt: Option<String>,
     },
     /// Local block hashes the client computed.
     Hashes(Vec<u64>),
@@ -124,6 +127,12 @@ pub struct Service {
 impl Service {
     /// Starts the ingest threads and registers the workers given in `args`.
     pub fn new(args: RouterArgs) -> Result<Arc<Self>, ServiceError> {
+        if !(args.overlap_weight.is_finite() && args.overlap_weight >= 0.0) {
+            return Err(ServiceError::Invalid(format!(
+                "--overlap-weight {} must be a finite number >= 0",
+                args.overlap_weight
+            )));
+        }
         let seed = args.seed;
         let cost = args.cost.unwrap_or(KvCost {
             overlap_weight: args.overlap_weight,
@@ -232,15 +241,22 @@ impl Service {
             }
         }
         let (model, worker) = self.models.add(spec)?;
+        if start == 0 && first_id == 0 {
+            // A fresh worker: whatever a loaded dump held under its key is
+            // stale, and would also hold event ids the feed would repeat.
+            model.index.remove_worker(worker.spec.key);
+        } else if let Some(last) = start.checked_sub(1) {
+            // Restored: its last seq shows until the feed applies a newer.
+            worker
+                .status
+                .last_seq
+                .store(last, std::sync::atomic::Ordering::Release);
+        }
         let fed = self
             .ingest
             .add(Arc::clone(&model), Arc::clone(&worker), start, first_id);
         if let Err(e) = fed {
-            self.models.remove(
-                &model.name,
-                worker.spec.key.worker_id,
-                Some(worker.spec.key.dp_rank),
-            );
+            self.models.remove(&model.name, &[worker.spec.key]);
             return Err(e.into());
         }
         tracing::info!(model = %model.name, worker = ?worker.spec.key, endpoint = ?worker.spec.endpoint, start, "worker registered");
@@ -272,10 +288,12 @@ impl Service {
             )));
         }
         let waits: Vec<_> = keys.iter().map(|&k| self.ingest.remove(k, model)).collect();
-        for w in waits {
-            let _ = w.recv_timeout(Duration::from_secs(5));
+        for (w, k) in waits.into_iter().zip(&keys) {
+            if w.recv_timeout(Duration::from_secs(5)).is_err() {
+                tracing::warn!(worker = ?k, "ingest did not confirm the feed stopped within 5 s");
+            }
         }
-        let gone = self.models.remove(model, id, dp_rank);
+        let gone = self.models.remove(model, &keys);
         tracing::info!(model, id, ranks = gone.len(), "worker unregistered");
         Ok(gone.len())
     }
@@ -293,6 +311,7 @@ impl Service {
             Prompt::Tokens {
                 token_ids,
                 lora_name,
+                cache_salt,
             } => {
                 if token_ids.len() > limit {
                     return Err(ServiceError::Invalid(format!(
@@ -300,10 +319,13 @@ impl Service {
                         token_ids.len()
                     )));
                 }
-                Ok(local_block_hashes(
+                Ok(local_block_hashes_salted(
                     token_ids,
                     model.block_size as usize,
-                    lora_name.as_deref(),
+                    BlockSalt {
+                        lora_name: lora_name.as_deref(),
+                        cache_salt: cache_salt.as_deref(),
+                    },
                 ))
             }
             Prompt::Hashes(h) => {
@@ -384,12 +406,13 @@ impl Service {
             .map_err(|e| ServiceError::Conflict(e.to_string()))?;
         drop(guard);
         if self.args.no_kv_events {
+            // The router's clock: approximate blocks expire on its ticks.
             m.approx.lock().record(
                 &m.index,
                 w,
                 &locals,
                 &seqs,
-                now,
+                self.now_us(),
                 self.args.approx_ttl.as_micros() as u64,
             );
         }

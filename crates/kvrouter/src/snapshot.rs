@@ -18,7 +18,6 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
-use std::sync::atomic::Ordering::Relaxed;
 
 use kvindex::{ExternalHash, KvEvent, KvEventData, KvIndexer, LocalHash, StoredBlock, WorkerKey};
 use serde::{Deserialize, Serialize};
@@ -102,7 +101,9 @@ pub fn write(path: &Path, doc: &Value) -> Result<(), SnapshotError> {
         path: path.display().to_string(),
         source,
     };
-    let tmp = path.with_extension("tmp");
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
     let mut f = std::fs::File::create(&tmp).map_err(io)?;
     serde_json::to_writer(std::io::BufWriter::new(&mut f), doc)
         .map_err(|e| io(std::io::Error::other(e)))?;
@@ -273,11 +274,8 @@ pub fn restore(svc: &Service, doc: &Value) -> Result<Restored, SnapshotError> {
                     None => rec.replay_endpoint.clone(),
                 },
             };
-            let start = rec.last_seq.map_or(0, |s| s + 1);
-            let w = svc.register_from(spec, start, first_ids.get(&k).copied().unwrap_or(0))?;
-            if let Some(s) = rec.last_seq {
-                w.status.last_seq.store(s, Relaxed);
-            }
+            let start = rec.last_seq.map_or(0, |s| s.saturating_add(1));
+            svc.register_from(spec, start, first_ids.get(&k).copied().unwrap_or(0))?;
             r.workers += 1;
         }
         r.models += 1;
@@ -333,7 +331,7 @@ mod tests {
         write(&p, &json!({"a": 1})).unwrap();
         write(&p, &json!({"b": 2})).unwrap();
         assert_eq!(read(&p).unwrap(), Some(json!({"b": 2})));
-        assert!(!p.with_extension("tmp").exists());
+        assert!(!dir.path().join("snap.json.tmp").exists());
         std::fs::write(&p, b"{").unwrap();
         assert!(matches!(read(&p), Err(SnapshotError::Format(_))));
     }

@@ -204,6 +204,23 @@ fn queries_routes_and_their_errors() {
     assert_eq!(v["worker_id"], w1);
     let (s, _) = r.post("/complete", &json!({"request_id": "r1", "model_name": "m"}));
     assert_eq!(s, 404);
+    // Another routing group has no index; a cache salt keys other blocks.
+    let (s, _) = r.post(
+        "/query",
+        &json!({"token_ids": toks, "model_name": "m", "routing_group": "g2"}),
+    );
+    assert_eq!(s, 404);
+    let (s, q) = r.post(
+        "/query",
+        &json!({"token_ids": toks, "model_name": "m", "cache_salt": "tenant"}),
+    );
+    assert_eq!((s, &q["scores"]), (200, &json!({})), "{q}");
+    let (s, _) = r.post(
+        "/register",
+        &json!({"instance_id": 9, "endpoint": "tcp://127.0.0.1:1", "model_name": "m",
+                "block_size": BS, "routing_group": "g2"}),
+    );
+    assert_eq!(s, 400);
     // Precomputed hashes.
     let hashes: Vec<i64> = kvindex::local_block_hashes(&toks, BS, None)
         .iter()
