@@ -165,6 +165,19 @@ impl<'a> Rd<'a> {
         if depth < 1 {
             return Err(deep());
         }
+        // Fixed-size scalars (most of a batch: token ids) without decoding.
+        let fixed = match self.b.first() {
+            Some(0x00..=0x7f | 0xe0..=0xff | 0xc0..=0xc3) => 1,
+            Some(0xcc | 0xd0) => 2,
+            Some(0xcd | 0xd1) => 3,
+            Some(0xca | 0xce | 0xd2) => 5,
+            Some(0xcb | 0xcf | 0xd3) => 9,
+            _ => 0,
+        };
+        if fixed > 0 {
+            self.take(fixed)?;
+            return Ok(());
+        }
         let n = match self.item()? {
             Item::Array(n) => n,
             Item::Map(n) => n.checked_mul(2).ok_or_else(truncated)?,
@@ -179,6 +192,26 @@ impl<'a> Rd<'a> {
             self.skip(depth - 2)?;
         }
         Ok(())
+    }
+
+    /// An unsigned integer of up to 32 bits, the common case of token ids,
+    /// read without the general decoder; `None` for anything else (the
+    /// input is left as it was).
+    #[inline]
+    fn small_uint(&mut self) -> Option<u32> {
+        let (&m, rest) = self.b.split_first()?;
+        let (v, used) = match m {
+            0x00..=0x7f => (u32::from(m), 0),
+            0xcc => (u32::from(*rest.first()?), 1),
+            0xcd => (
+                u32::from(u16::from_be_bytes(rest.get(..2)?.try_into().ok()?)),
+                2,
+            ),
+            0xce => (u32::from_be_bytes(rest.get(..4)?.try_into().ok()?), 4),
+            _ => return None,
+        };
+        self.b = &rest[used..];
+        Some(v)
     }
 
     /// The bytes of the next whole value.
@@ -204,49 +237,53 @@ fn str_of<'a>(i: &Item<'a>) -> Option<&'a str> {
 /// Decodes one `KVEventBatch` payload.
 pub fn decode_batch(payload: &[u8]) -> Result<Batch, WireError> {
     let mut rd = Rd { b: payload };
-    let whole = rd.value(MAX_DEPTH)?;
-    if !rd.b.is_empty() {
-        return Err(WireError::Msgpack(format!(
-            "{} bytes after the batch",
-            rd.b.len()
-        )));
-    }
-    let mut rd = Rd { b: whole };
+    // Depths as `rmpv` counts them from MAX_DEPTH: the envelope's
+    // elements two below it, and so on down.
+    let inner = MAX_DEPTH - 2;
     let (ts, events, rank) = match rd.item()? {
         Item::Array(n) => {
-            if n < 2 {
-                return Err(WireError::Envelope("an envelope array needs [ts, events]"));
-            }
-            let ts = rd.value(MAX_DEPTH)?;
-            let events = rd.value(MAX_DEPTH)?;
-            let rank = if n >= 3 {
-                Some(rd.value(MAX_DEPTH)?)
+            let ts = if n > 0 { Some(rd.value(inner)?) } else { None };
+            let events = if n > 1 {
+                Some(decode_events(&mut rd, inner)?)
             } else {
                 None
             };
-            (Some(ts), Some(events), rank)
+            let rank = if n > 2 { Some(rd.value(inner)?) } else { None };
+            for _ in 3..n {
+                rd.skip(inner)?;
+            }
+            check_end(&rd)?;
+            if n < 2 {
+                return Err(WireError::Envelope("an envelope array needs [ts, events]"));
+            }
+            (ts, events, rank)
         }
         Item::Map(n) => {
             let (mut ts, mut events, mut rank) = (None, None, None);
             for _ in 0..n {
-                let k = item_of(rd.value(MAX_DEPTH)?);
-                let v = rd.value(MAX_DEPTH)?;
+                let k = item_of(rd.value(inner)?);
                 match str_of(&k) {
-                    Some("ts") if ts.is_none() => ts = Some(v),
-                    Some("events") if events.is_none() => events = Some(v),
-                    Some("data_parallel_rank" | "attn_dp_rank" | "dp_rank") if rank.is_none() => {
-                        rank = Some(v)
+                    Some("ts") if ts.is_none() => ts = Some(rd.value(inner)?),
+                    Some("events") if events.is_none() => {
+                        events = Some(decode_events(&mut rd, inner)?)
                     }
-                    _ => {}
+                    Some("data_parallel_rank" | "attn_dp_rank" | "dp_rank") if rank.is_none() => {
+                        rank = Some(rd.value(inner)?)
+                    }
+                    _ => rd.skip(inner)?,
                 }
             }
+            check_end(&rd)?;
             (
                 Some(ts.ok_or(WireError::Envelope("no \"ts\""))?),
                 Some(events.ok_or(WireError::Envelope("no \"events\""))?),
                 rank,
             )
         }
-        _ => return Err(WireError::Envelope("neither an array nor a map")),
+        _ => {
+            check_end(&rd)?;
+            return Err(WireError::Envelope("neither an array nor a map"));
+        }
     };
     let ts = match ts.map(item_of) {
         Some(Item::Float(f)) => f,
@@ -260,21 +297,46 @@ pub fn decode_batch(payload: &[u8]) -> Result<Batch, WireError> {
         }
         Some(_) => return Err(WireError::Envelope("the rank is not an integer")),
     };
-    let mut er = Rd {
-        b: events.unwrap_or_default(),
-    };
-    let Item::Array(n) = er.item()? else {
-        return Err(WireError::Envelope("events is not an array"));
-    };
-    let mut out = Vec::with_capacity(n.min(er.b.len()));
-    for _ in 0..n {
-        out.push(decode_event(er.value(MAX_DEPTH)?));
-    }
+    let events = events
+        .unwrap_or(Ok(Vec::new()))
+        .map_err(|()| WireError::Envelope("events is not an array"))?;
     Ok(Batch {
         ts,
-        events: out,
+        events,
         dp_rank,
     })
+}
+
+fn check_end(rd: &Rd<'_>) -> Result<(), WireError> {
+    if rd.b.is_empty() {
+        Ok(())
+    } else {
+        Err(WireError::Msgpack(format!(
+            "{} bytes after the batch",
+            rd.b.len()
+        )))
+    }
+}
+
+/// The events array at `depth`, decoded as it is read; `Err(())` inside
+/// if it is not an array (after it is skipped, so structure errors after
+/// it still win, as in a whole-value parse).
+#[allow(clippy::type_complexity)]
+fn decode_events(rd: &mut Rd<'_>, depth: usize) -> Result<Result<Vec<WireEvent>, ()>, WireError> {
+    let mut peek = *rd;
+    let Item::Array(n) = peek.item()? else {
+        rd.skip(depth)?;
+        return Ok(Err(()));
+    };
+    if depth < 2 {
+        return Err(WireError::Msgpack("nested too deep".into()));
+    }
+    *rd = peek;
+    let mut out = Vec::with_capacity(n.min(rd.b.len()));
+    for _ in 0..n {
+        out.push(decode_event(rd, depth - 2)?);
+    }
+    Ok(Ok(out))
 }
 
 /// An event's fields, by position (array form) or name (map form).
@@ -295,28 +357,40 @@ impl<'a> Fields<'a> {
 /// Positions of the array form read: the tag and eight fields.
 const POSITIONS: usize = 9;
 
-fn decode_event(v: &[u8]) -> WireEvent {
-    let mut r = Rd { b: v };
-    let invalid = |reason: String| WireEvent::Invalid { reason };
-    // `v` was validated whole: reads inside it do not fail.
-    let (tag, fields) = match r.item() {
-        Ok(Item::Array(n)) => {
+fn decode_event(rd: &mut Rd<'_>, depth: usize) -> Result<WireEvent, WireError> {
+    let invalid = |reason: String| Ok(WireEvent::Invalid { reason });
+    let mut peek = *rd;
+    let head = peek.item()?;
+    if !matches!(head, Item::Array(_) | Item::Map(_)) {
+        rd.skip(depth)?;
+        return invalid(format!("an event is {}", kind_of(&head)));
+    }
+    if depth < 2 {
+        return Err(WireError::Msgpack("nested too deep".into()));
+    }
+    *rd = peek;
+    let inner = depth - 2;
+    let (tag, fields) = match head {
+        Item::Array(n) => {
             let mut f = Vec::with_capacity(n.min(POSITIONS));
-            for _ in 0..n.min(POSITIONS) {
-                match r.value(MAX_DEPTH) {
-                    Ok(x) => f.push(x),
-                    Err(e) => return invalid(e.to_string()),
+            for i in 0..n {
+                if i < POSITIONS {
+                    f.push(rd.value(inner)?);
+                } else {
+                    rd.skip(inner)?;
                 }
             }
             (f.first().copied(), Fields::Positional(f))
         }
-        Ok(Item::Map(n)) => {
+        _ => {
+            let Item::Map(n) = head else {
+                return invalid("an event is not a container".into());
+            };
             let mut f = Vec::with_capacity(n.min(16));
             let mut tag = None;
             for _ in 0..n {
-                let (Ok(k), Ok(x)) = (r.value(MAX_DEPTH), r.value(MAX_DEPTH)) else {
-                    return invalid("a malformed field".into());
-                };
+                let k = rd.value(inner)?;
+                let x = rd.value(inner)?;
                 if let Some(k) = str_of(&item_of(k)) {
                     if k == "type" && tag.is_none() {
                         tag = Some(x);
@@ -326,9 +400,12 @@ fn decode_event(v: &[u8]) -> WireEvent {
             }
             (tag, Fields::Named(f))
         }
-        Ok(other) => return invalid(format!("an event is {}", kind_of(&other))),
-        Err(e) => return invalid(e.to_string()),
     };
+    Ok(interpret(tag, &fields))
+}
+
+fn interpret(tag: Option<&[u8]>, fields: &Fields<'_>) -> WireEvent {
+    let invalid = |reason: String| WireEvent::Invalid { reason };
     let tag = match tag.map(item_of) {
         Some(Item::Str(s)) => match std::str::from_utf8(s) {
             Ok(t) => t,
@@ -338,7 +415,7 @@ fn decode_event(v: &[u8]) -> WireEvent {
         None => return invalid("an event has no tag".into()),
     };
     let decoded = match tag {
-        "BlockStored" => stored(&fields),
+        "BlockStored" => stored(fields),
         "BlockRemoved" => (|| {
             Ok(WireEvent::Removed {
                 block_hashes: hashes(fields.get("block_hashes", 1), "block_hashes")?,
@@ -427,14 +504,24 @@ fn opt_str(v: Option<&[u8]>, what: &str) -> Result<Option<String>, String> {
 
 fn tokens(v: Option<&[u8]>) -> Result<Vec<u32>, String> {
     let v = v.ok_or_else(|| "no token_ids".to_string())?;
-    let (n, items) = elements(v, "token_ids")?;
+    let mut r = Rd { b: v };
+    let n = match r.item() {
+        Ok(Item::Array(n)) => n,
+        Ok(other) => return Err(format!("token_ids is {}", kind_of(&other))),
+        Err(e) => return Err(e.to_string()),
+    };
     let mut out = Vec::with_capacity(n.min(v.len()));
-    for i in items {
-        match i {
-            Item::Int(t) => out.push(
+    for _ in 0..n {
+        if let Some(t) = r.small_uint() {
+            out.push(t);
+            continue;
+        }
+        match r.item() {
+            Ok(Item::Int(t)) => out.push(
                 u32::try_from(t).map_err(|_| "a token id is out of 32-bit range".to_string())?,
             ),
-            other => return Err(format!("a token id is {}", kind_of(&other))),
+            Ok(other) => return Err(format!("a token id is {}", kind_of(&other))),
+            Err(e) => return Err(e.to_string()),
         }
     }
     Ok(out)
