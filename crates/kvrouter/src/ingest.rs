@@ -1,8 +1,9 @@
 //! Event ingest: ZMQ subscribers, replays, and applying batches to the
 //! index.
 //!
-//! A fixed set of ingest threads (lanes) share the workers; each worker
-//! lives on one thread for good, so its batches apply in order, and
+//! A fixed set of ingest threads (lanes) share the workers, each new worker
+//! on the lane with the fewest; a worker lives on its lane for good, so
+//! its batches apply in order, and
 //! different workers apply in parallel (the index takes concurrent writers
 //! for different workers). A thread polls its workers' SUB sockets and the
 //! DEALER sockets of replays in progress, drains a bounded number of
@@ -84,6 +85,8 @@ pub struct Ingest {
     lanes: Vec<Sender<Cmd>>,
     threads: parking_lot::Mutex<Vec<JoinHandle<()>>>,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// Which lane each (model, worker) feed is on.
+    placed: parking_lot::Mutex<std::collections::HashMap<(String, WorkerKey), usize>>,
 }
 
 /// Why a feed could not start.
@@ -124,6 +127,7 @@ impl Ingest {
             lanes,
             threads: parking_lot::Mutex::new(threads),
             stop,
+            placed: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -176,7 +180,17 @@ impl Ingest {
             model,
             worker,
         };
-        let lane = kvindex::lanes::lane_of(feed.key, self.lanes.len());
+        // The lane with the fewest workers: a hash would leave lanes
+        // uneven for the few workers a router has.
+        let mut placed = self.placed.lock();
+        let lane = match placed.get(&(feed.model.name.clone(), feed.key)) {
+            Some(&l) => l,
+            None => (0..self.lanes.len())
+                .min_by_key(|&l| placed.values().filter(|&&x| x == l).count())
+                .unwrap_or(0),
+        };
+        placed.insert((feed.model.name.clone(), feed.key), lane);
+        drop(placed);
         self.lanes[lane]
             .send(Cmd::Add(Box::new(feed)))
             .map_err(|_| FeedError("ingest stopped".into()))
@@ -185,7 +199,11 @@ impl Ingest {
     /// Stops `key`'s feed for `model`; the receiver hears once its ingest
     /// thread will apply nothing more of it.
     pub fn remove(&self, key: WorkerKey, model: &str) -> Receiver<()> {
-        let lane = kvindex::lanes::lane_of(key, self.lanes.len());
+        let lane = self
+            .placed
+            .lock()
+            .remove(&(model.to_string(), key))
+            .unwrap_or(0);
         let (tx, rx) = crossbeam_channel::bounded(1);
         let _ = self.lanes[lane].send(Cmd::Remove(key, model.to_string(), tx));
         rx
@@ -239,7 +257,7 @@ struct Feed {
     model: Arc<Model>,
     worker: Arc<Worker>,
     sub: zmq::Socket,
-    seq: Sequencer<Vec<u8>>,
+    seq: Sequencer<zmq::Message>,
     conv: Converter,
     ids: EventIds,
     replay: Option<Replay>,
@@ -333,9 +351,8 @@ impl Lane {
     fn drain_live(&mut self, i: usize) {
         for _ in 0..DRAIN_BUDGET {
             let f = &mut self.feeds[i];
-            let frames = match f.sub.recv_multipart(zmq::DONTWAIT) {
-                Ok(fr) => fr,
-                Err(_) => return,
+            let Some(frames) = recv_frames(&f.sub) else {
+                return;
             };
             let st = &f.worker.status;
             st.batches.fetch_add(1, Relaxed);
@@ -351,7 +368,9 @@ impl Lane {
                 tracing::warn!(worker = ?f.key, frames = frames.len(), "malformed live message");
                 continue;
             };
-            let payload = frames.into_iter().nth(2).unwrap_or_default();
+            let Some(payload) = frames.into_iter().nth(2) else {
+                continue;
+            };
             let steps = f.seq.live(seq, payload);
             self.carry_out(i, steps);
         }
@@ -361,9 +380,8 @@ impl Lane {
         for _ in 0..DRAIN_BUDGET {
             let f = &mut self.feeds[i];
             let Some(r) = &f.replay else { return };
-            let frames = match r.socket.recv_multipart(zmq::DONTWAIT) {
-                Ok(fr) => fr,
-                Err(_) => return,
+            let Some(frames) = recv_frames(&r.socket) else {
+                return;
             };
             // ["", seq, payload] or ["", topic, seq, payload]
             let (seq, payload) = match frames.len() {
@@ -390,7 +408,9 @@ impl Lane {
                 continue;
             }
             let seq = raw as u64;
-            let payload = frames.into_iter().nth(payload).unwrap_or_default();
+            let Some(payload) = frames.into_iter().nth(payload) else {
+                continue;
+            };
             let steps = self.feeds[i].seq.replayed(seq, payload);
             self.carry_out(i, steps);
         }
@@ -478,7 +498,7 @@ impl Lane {
         }
     }
 
-    fn carry_out(&mut self, i: usize, steps: Vec<Step<Vec<u8>>>) {
+    fn carry_out(&mut self, i: usize, steps: Vec<Step<zmq::Message>>) {
         for s in steps {
             match s {
                 Step::Apply(seq, payload) => self.feeds[i].apply(seq, &payload),
@@ -508,6 +528,27 @@ impl Lane {
         };
         f.worker.status.set_state(state);
     }
+}
+
+/// Most frames a message may have; the rest of a longer one are dropped
+/// (it is malformed either way).
+const MAX_FRAMES: usize = 8;
+
+/// One whole multipart message, its frames received without copying;
+/// `None` when nothing is waiting.
+fn recv_frames(s: &zmq::Socket) -> Option<Vec<zmq::Message>> {
+    let first = s.recv_msg(zmq::DONTWAIT).ok()?;
+    let mut more = first.get_more();
+    let mut frames = vec![first];
+    // The rest of a multipart message arrives with its first frame.
+    while more {
+        let Ok(m) = s.recv_msg(0) else { break };
+        more = m.get_more();
+        if frames.len() < MAX_FRAMES {
+            frames.push(m);
+        }
+    }
+    Some(frames)
 }
 
 fn seq_of(b: &[u8]) -> Option<u64> {
