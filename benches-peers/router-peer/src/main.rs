@@ -29,12 +29,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use hdrhistogram::Histogram;
-use kvindex::{KvEvent, KvEventData, KvIndexer, LocalHash, ReferenceIndex, WorkerKey};
+use kvindex::{KvEvent, KvEventData, KvIndexer, ReferenceIndex, WorkerKey};
 use kvreplay::replay::{request_hashes, simulate, TimelineEntry};
 use kvrouter::wire::{encode_batch, WireEvent};
 use serde_json::{json, Value};
 
-const BS: usize = 16;
+const BS: usize = kvreplay::live::BLOCK_TOKENS;
 
 #[derive(Parser)]
 struct Args {
@@ -73,32 +73,7 @@ struct Stream {
     marker: Vec<u32>,
 }
 
-fn tokens_of(l: LocalHash) -> [u32; BS] {
-    let mut t = [0u32; BS];
-    for (j, x) in t.iter_mut().enumerate() {
-        let h = xxhash_rust::xxh3::xxh3_64_with_seed(&l.0.to_le_bytes(), j as u64);
-        *x = (h % 150_000) as u32;
-    }
-    t
-}
-
-fn wire(ev: &KvEvent) -> WireEvent {
-    match &ev.data {
-        KvEventData::Stored { parent, blocks } => WireEvent::Stored {
-            block_hashes: blocks.iter().map(|b| b.external.0).collect(),
-            parent: parent.map(|p| p.0),
-            token_ids: blocks.iter().flat_map(|b| tokens_of(b.local)).collect(),
-            block_size: BS as u64,
-            medium: Some("GPU".into()),
-            lora_name: None,
-        },
-        KvEventData::Removed { hashes } => WireEvent::Removed {
-            block_hashes: hashes.iter().map(|h| h.0).collect(),
-            medium: Some("GPU".into()),
-        },
-        KvEventData::Cleared => WireEvent::Cleared,
-    }
-}
+use kvreplay::live::{block_tokens as tokens_of, wire_event as wire};
 
 /// The router's view of an event: local hashes as the router computes them
 /// from the tokens.
@@ -154,7 +129,9 @@ fn build(args: &Args) -> Result<Workload> {
             }
         }
         // The marker: one block no one else stores, at the root.
-        let marker: Vec<u32> = (0..BS as u32).map(|j| 200_000 + w as u32 * 64 + j).collect();
+        let marker: Vec<u32> = (0..BS as u32)
+            .map(|j| 200_000 + w as u32 * 64 + j)
+            .collect();
         batches.push(encode_batch(
             0.0,
             &[WireEvent::Stored {
@@ -250,7 +227,10 @@ fn start(name: &'static str, bin: &str, threads: usize) -> Result<Target> {
     } else {
         cmd.args([port.to_string(), threads.to_string()]);
     }
-    let child = cmd.stdout(Stdio::null()).spawn().with_context(|| bin.to_string())?;
+    let child = cmd
+        .stdout(Stdio::null())
+        .spawn()
+        .with_context(|| bin.to_string())?;
     let t = Target {
         name,
         child,
@@ -269,7 +249,12 @@ fn start(name: &'static str, bin: &str, threads: usize) -> Result<Target> {
     Ok(t)
 }
 
-fn query(http: &reqwest::blocking::Client, base: &str, path: &str, tokens: &[u32]) -> Result<Value> {
+fn query(
+    http: &reqwest::blocking::Client,
+    base: &str,
+    path: &str,
+    tokens: &[u32],
+) -> Result<Value> {
     let r = http
         .post(format!("{base}{path}"))
         .json(&json!({"model_name": "bench", "token_ids": tokens}))
@@ -325,7 +310,9 @@ fn connect(t: &Target, w: &Workload, ctx: &zmq::Context) -> Result<Vec<zmq::Sock
         let p = ctx.socket(zmq::PUB)?;
         p.set_sndhwm(0)?;
         p.bind("tcp://127.0.0.1:*")?;
-        let ep = p.get_last_endpoint()?.map_err(|_| anyhow::anyhow!("endpoint"))?;
+        let ep = p
+            .get_last_endpoint()?
+            .map_err(|_| anyhow::anyhow!("endpoint"))?;
         let r = t
             .http
             .post(format!("{}/register", t.base))
@@ -398,7 +385,13 @@ fn run_target(
     let ctx = zmq::Context::new();
     let socks = connect(&t, w, &ctx)?;
     let stop = Arc::new(AtomicBool::new(false));
-    let loader = load(t.base.clone(), "/query", Arc::clone(queries), args.query_rate, Arc::clone(&stop));
+    let loader = load(
+        t.base.clone(),
+        "/query",
+        Arc::clone(queries),
+        args.query_rate,
+        Arc::clone(&stop),
+    );
     let t0 = Instant::now();
     let published = publish(w, &socks, None)?;
     let applied = wait_applied(&t, w, t0)?;
@@ -407,10 +400,14 @@ fn run_target(
     // Check answers against the reference.
     let mut wrong = 0;
     for q in queries.iter().step_by(queries.len().div_ceil(200).max(1)) {
-        let want = w.reference.find_matches(&kvindex::local_block_hashes(q, BS, None));
+        let want = w
+            .reference
+            .find_matches(&kvindex::local_block_hashes(q, BS, None));
         let got = query(&t.http, &t.base, "/query", q)?;
         for s in &w.streams {
-            let g = got["scores"][s.key.worker_id.to_string()]["0"].as_u64().unwrap_or(0);
+            let g = got["scores"][s.key.worker_id.to_string()]["0"]
+                .as_u64()
+                .unwrap_or(0);
             if g != u64::from(want.get(s.key)) * BS as u64 {
                 wrong += 1;
             }
@@ -434,11 +431,21 @@ fn run_target(
         errors,
         wrong
     );
-    let paths: &[&'static str] = if t.name == "ours" { &["/query", "/route"] } else { &["/query"] };
+    let paths: &[&'static str] = if t.name == "ours" {
+        &["/query", "/route"]
+    } else {
+        &["/query"]
+    };
     for &rate in &args.rates {
         for &path in paths {
             let stop = Arc::new(AtomicBool::new(false));
-            let h = load(t.base.clone(), path, Arc::clone(queries), rate, Arc::clone(&stop));
+            let h = load(
+                t.base.clone(),
+                path,
+                Arc::clone(queries),
+                rate,
+                Arc::clone(&stop),
+            );
             std::thread::sleep(Duration::from_secs_f64(args.rate_secs));
             stop.store(true, Ordering::Relaxed);
             let (h, errors) = h.join().map_err(|_| anyhow::anyhow!("loader"))?;
@@ -464,7 +471,11 @@ fn run_target(
     wait_applied(&t, w, t0)?;
     std::thread::sleep(Duration::from_millis(500));
     let rss1 = rss_kib(t.child.id());
-    let blocks: usize = w.streams.iter().map(|s| w.reference.worker_block_count(s.key) + 1).sum();
+    let blocks: usize = w
+        .streams
+        .iter()
+        .map(|s| w.reference.worker_block_count(s.key) + 1)
+        .sum();
     println!(
         "{:6} memory: RSS {} -> {} KiB, {} blocks held: {:.1} MiB per million blocks ({:.0} bytes per block)",
         t.name,

@@ -173,7 +173,8 @@ impl LiveRouter {
     }
 }
 
-fn wire(ev: &KvEvent) -> WireEvent {
+/// An index event as the engine publishes it, tokens from [`block_tokens`].
+pub fn wire_event(ev: &KvEvent) -> WireEvent {
     match &ev.data {
         KvEventData::Stored { parent, blocks } => WireEvent::Stored {
             block_hashes: blocks.iter().map(|b| b.external.0).collect(),
@@ -212,7 +213,7 @@ impl Dispatch for LiveRouter {
     }
 
     fn publish(&mut self, now_us: u64, w: usize, events: &[KvEvent]) -> Result<(), ReplayError> {
-        let evs: Vec<WireEvent> = events.iter().map(wire).collect();
+        let evs: Vec<WireEvent> = events.iter().map(wire_event).collect();
         let payload = encode_batch(now_us as f64 / 1e6, &evs, None);
         let seq = self.seq[w];
         self.seq[w] += 1;
