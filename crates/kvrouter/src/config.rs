@@ -98,6 +98,10 @@ pub struct RouterArgs {
     /// How long a routed request counts as in flight without /complete.
     #[arg(long, value_parser = parse_secs, default_value = "300")]
     pub request_ttl: Duration,
+    /// Requests in flight per model (routed, not completed or expired);
+    /// /route answers 503 at the limit.
+    #[arg(long, default_value_t = 100_000)]
+    pub max_in_flight: usize,
     /// Largest HTTP request body, bytes (413 above it).
     #[arg(long, default_value_t = 8 << 20)]
     pub max_body_bytes: usize,

@@ -49,7 +49,7 @@ impl IntoResponse for ServiceError {
     fn into_response(self) -> Response {
         let status = match &self {
             ServiceError::UnknownModel(_) | ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
-            ServiceError::NoWorkers(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ServiceError::NoWorkers(_) | ServiceError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             ServiceError::Register(crate::registry::RegisterError::BadBlockSize(_))
             | ServiceError::Feed(_)
             | ServiceError::Invalid(_) => StatusCode::BAD_REQUEST,

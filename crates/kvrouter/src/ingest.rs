@@ -584,6 +584,16 @@ impl Feed {
             }
         };
         st.last_ts.store(batch.ts.to_bits(), Relaxed);
+        if let Some(r) = batch.dp_rank.filter(|&r| r != i64::from(self.key.dp_rank)) {
+            // Two ranks' publishers on one endpoint, or a rank registered
+            // under another: the blocks go to the registered key, but say so.
+            if st.problem().is_none() {
+                st.set_problem(format!(
+                    "batches carry data-parallel rank {r}, but the worker is registered as rank {}",
+                    self.key.dp_rank
+                ));
+            }
+        }
         let mut t = Tally::default();
         for ev in &batch.events {
             match self.conv.convert(ev) {

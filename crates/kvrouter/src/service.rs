@@ -39,6 +39,9 @@ pub enum ServiceError {
     /// No such worker or request (404).
     #[error("{0}")]
     NotFound(String),
+    /// Too much in flight (503).
+    #[error("{0}")]
+    Busy(String),
     /// A request id already in flight (409).
     #[error("{0}")]
     Conflict(String),
@@ -391,6 +394,12 @@ impl Service {
         if r.loads.contains(&id) {
             return Err(ServiceError::Conflict(format!(
                 "request {id:?} is already in flight"
+            )));
+        }
+        if r.loads.in_flight() >= self.args.max_in_flight {
+            return Err(ServiceError::Busy(format!(
+                "{} requests in flight for model {model:?} (--max-in-flight): complete some first",
+                r.loads.in_flight()
             )));
         }
         let loads: Vec<WorkerLoad> = workers.iter().map(|w| r.loads.load(w, &seqs)).collect();

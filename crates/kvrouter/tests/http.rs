@@ -286,6 +286,35 @@ fn queries_routes_and_their_errors() {
 }
 
 #[test]
+fn in_flight_requests_are_bounded() {
+    let mut a = args();
+    a.no_kv_events = true;
+    a.max_in_flight = 2;
+    let r = Router::start(a);
+    assert_eq!(register(&r, 1, 1).0, 201);
+    let toks = prompt(1, 2);
+    for id in ["a", "b"] {
+        let (s, _) = r.post(
+            "/route",
+            &json!({"token_ids": toks, "model_name": "m", "request_id": id}),
+        );
+        assert_eq!(s, 200);
+    }
+    let (s, v) = r.post(
+        "/route",
+        &json!({"token_ids": toks, "model_name": "m", "request_id": "c"}),
+    );
+    assert_eq!(s, 503, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("--max-in-flight"));
+    assert_eq!(r.post("/complete", &json!({"request_id": "a"})).0, 200);
+    let (s, _) = r.post(
+        "/route",
+        &json!({"token_ids": toks, "model_name": "m", "request_id": "c"}),
+    );
+    assert_eq!(s, 200);
+}
+
+#[test]
 fn approximate_blocks_expire() {
     let mut a = args();
     a.no_kv_events = true;

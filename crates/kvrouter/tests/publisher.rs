@@ -357,3 +357,21 @@ fn a_router_restarted_from_its_snapshot_and_a_replica_from_its_peer_answer_as_be
         "the replica replayed at most its gap: {replays} -> {after}"
     );
 }
+
+#[test]
+fn a_batch_naming_another_rank_marks_the_worker() {
+    let py = need_python!();
+    let mut p = Publisher::start(&py, "map", "int");
+    let r = Router::start(args());
+    register(&r, 1, &p, true);
+    let mut e = Engine::new(1);
+    let (w, evs) = e.store(2, 4).unwrap();
+    p.cmd(json!({"op": "batch", "events": [w], "dp_rank": 3}));
+    r.wait_for("m", 1, 0);
+    let expect = Expect::new();
+    expect.apply(&[evs]);
+    expect.check(&r, "m", &[e.key]);
+    let f = r.feed("m", 1, 0);
+    assert_eq!(f["healthy"], false, "{f}");
+    assert!(f["problem"].as_str().unwrap().contains("rank 3"), "{f}");
+}
