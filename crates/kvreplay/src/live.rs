@@ -3,7 +3,8 @@
 //! (`kvrouter`) through `POST /route`; `POST /prefill_complete` at its first
 //! token and `POST /complete` when the simulated engine finishes it.
 //!
-//! Each engine is one PUB socket on loopback, registered with the router
+//! Each engine is one XPUB socket on loopback (it waits for the router's
+//! subscription before publishing), registered with the router
 //! (`POST /register`) under a model of its own per run. A block's tokens
 //! are derived from its local hash ([`block_tokens`], [`BLOCK_TOKENS`] of
 //! them), so the router, hashing tokens, keys blocks as consistently as the
@@ -71,7 +72,9 @@ impl LiveRouter {
         let ctx = zmq::Context::new();
         let mut pubs = Vec::with_capacity(workers);
         for w in 0..workers {
-            let p = ctx.socket(zmq::PUB).map_err(live)?;
+            // XPUB: a PUB that also hears subscriptions, so nothing is
+            // published before the router listens.
+            let p = ctx.socket(zmq::XPUB).map_err(live)?;
             p.set_sndhwm(0).map_err(live)?;
             p.set_linger(0).map_err(live)?;
             p.bind("tcp://127.0.0.1:*").map_err(live)?;
@@ -96,8 +99,16 @@ impl LiveRouter {
             }
             pubs.push(p);
         }
-        // Let the subscriptions connect before anything is published.
-        std::thread::sleep(Duration::from_millis(300));
+        // Wait for each router subscription before anything is published.
+        for p in &pubs {
+            p.set_rcvtimeo(30_000).map_err(live)?;
+            let sub = p
+                .recv_bytes(0)
+                .map_err(|e| live(format!("the router did not subscribe within 30 s: {e}")))?;
+            if sub.first() != Some(&1) {
+                return Err(live("an unexpected message on a publisher socket"));
+            }
+        }
         Ok(Self {
             http,
             base: base.trim_end_matches('/').to_string(),
