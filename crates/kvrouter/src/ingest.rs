@@ -208,11 +208,6 @@ impl Ingest {
         let _ = self.lanes[lane].send(Cmd::Remove(key, model.to_string(), tx));
         rx
     }
-
-    /// The settings.
-    pub fn config(&self) -> &IngestConfig {
-        &self.cfg
-    }
 }
 
 impl Ingest {
@@ -234,7 +229,7 @@ impl Drop for Ingest {
 }
 
 /// Refuses endpoints ZMQ would reject only later, or silently.
-fn check_endpoint(e: &str) -> Result<(), FeedError> {
+pub fn check_endpoint(e: &str) -> Result<(), FeedError> {
     let ok = ["tcp://", "ipc://", "inproc://"]
         .iter()
         .any(|p| e.starts_with(p) && e.len() > p.len());
@@ -572,7 +567,6 @@ struct Tally {
 impl Feed {
     fn apply(&mut self, seq: u64, payload: &[u8]) {
         let st = &self.worker.status;
-        st.heard.store(true, Relaxed);
         let batch = match decode_batch(payload) {
             Ok(b) => b,
             Err(e) => {

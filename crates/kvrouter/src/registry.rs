@@ -7,7 +7,7 @@
 //! atomics that its ingest thread updates and everyone else reads without
 //! a lock.
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -92,8 +92,6 @@ pub struct WorkerStatus {
     pub restarts: AtomicU64,
     /// Duplicate batches dropped.
     pub duplicates: AtomicU64,
-    /// Set once a batch was heard.
-    pub heard: AtomicBool,
     problem: Mutex<Option<String>>,
 }
 

@@ -1,7 +1,6 @@
 //! The router's operations, apart from HTTP: register and unregister
 //! workers, score a request against a model's index, route it, and account
 //! for it until it completes.
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -236,12 +235,12 @@ impl Service {
             spec.endpoint = None;
             spec.replay_endpoint = None;
         }
-        if let Some(e) = &spec.endpoint {
-            if !e.contains("://") {
-                return Err(ServiceError::Invalid(format!(
-                    "endpoint {e:?} is not a ZMQ endpoint (tcp://HOST:PORT)"
-                )));
-            }
+        // Refused before the worker is added, by the rule the feed uses.
+        for e in [&spec.endpoint, &spec.replay_endpoint]
+            .into_iter()
+            .flatten()
+        {
+            crate::ingest::check_endpoint(e)?;
         }
         let (model, worker) = self.models.add(spec)?;
         if start == 0 && first_id == 0 {
@@ -468,34 +467,34 @@ impl Service {
 
     /// Ends request `id` of `model` (it no longer counts on its worker).
     pub fn complete(&self, model: Option<&str>, id: &str) -> Result<WorkerKey, ServiceError> {
-        let models = match model {
-            Some(name) => vec![self.model(name)?],
-            None => self.models.all(),
-        };
-        for m in models {
-            if let Some(w) = m.routing.lock().loads.complete(id) {
-                return Ok(w);
-            }
-        }
-        Err(ServiceError::NotFound(format!(
-            "request {id:?} is not in flight (never routed, completed, or past --request-ttl)"
-        )))
+        self.in_flight(model, id, |loads| loads.complete(id))
     }
 
     /// Request `id` of `model` produced its first token: its blocks no
     /// longer count as pending prefill on its worker.
     pub fn prefill_complete(&self, model: Option<&str>, id: &str) -> Result<(), ServiceError> {
+        self.in_flight(model, id, |loads| loads.prefill_done(id).then_some(()))
+    }
+
+    /// `f` on the in-flight table of `model` (or of each model in turn,
+    /// until one knows request `id`).
+    fn in_flight<T>(
+        &self,
+        model: Option<&str>,
+        id: &str,
+        mut f: impl FnMut(&mut kvroute::LoadTracker<WorkerKey>) -> Option<T>,
+    ) -> Result<T, ServiceError> {
         let models = match model {
             Some(name) => vec![self.model(name)?],
             None => self.models.all(),
         };
         for m in models {
-            if m.routing.lock().loads.prefill_done(id) {
-                return Ok(());
+            if let Some(t) = f(&mut m.routing.lock().loads) {
+                return Ok(t);
             }
         }
         Err(ServiceError::NotFound(format!(
-            "request {id:?} is not in flight"
+            "request {id:?} is not in flight (never routed, completed, or past --request-ttl)"
         )))
     }
 
@@ -531,15 +530,6 @@ impl Service {
             FeedState::Replaying => false,
             FeedState::Pending => w.since.elapsed() >= self.args.connect_timeout,
         }
-    }
-
-    /// Blocks held per model.
-    pub fn blocks_per_model(&self) -> HashMap<String, usize> {
-        self.models
-            .all()
-            .into_iter()
-            .map(|m| (m.name.clone(), m.blocks()))
-            .collect()
     }
 }
 
