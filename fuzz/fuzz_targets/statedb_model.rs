@@ -90,7 +90,7 @@ fn table(db: &Db, name: &str, layout: KeyLayout, is_a: bool) -> T {
             name,
             &id,
             &[name_ix.erase(), extra, group.erase()],
-            TableOptions { key_layout: layout },
+            TableOptions::default().with_key_layout(layout),
         )
         .unwrap();
     T {
@@ -731,10 +731,7 @@ fn txn(
 }
 
 fn run(u: &mut Unstructured) -> Result<()> {
-    let db = Db::with_options(DbOptions {
-        gc_interval: None,
-        ..Default::default()
-    });
+    let db = Db::with_options(DbOptions::default().with_gc_interval(None));
     let ts = [
         table(&db, "a", KeyLayout::Bytes, true),
         table(&db, "b", KeyLayout::Nibbles, false),

@@ -62,6 +62,9 @@ struct Args {
     /// Rounds (targets alternate within each).
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// Only the memory phase, publishing at this many events per second.
+    #[arg(long, value_name = "EVENTS_PER_S")]
+    memory_only: Option<f64>,
     #[command(flatten)]
     replay: kvreplay::ReplayArgs,
 }
@@ -381,6 +384,9 @@ fn run_target(
     args: &Args,
     queries: &Arc<Vec<Vec<u32>>>,
 ) -> Result<()> {
+    if let Some(rate) = args.memory_only {
+        return memory(name, bin, w, args, rate * 3.0);
+    }
     let t = start(name, bin, args.threads)?;
     let ctx = zmq::Context::new();
     let socks = connect(&t, w, &ctx)?;
@@ -461,8 +467,19 @@ fn run_target(
     }
     drop(socks);
     drop(t);
-    // Memory: a fresh process fed at a third of the rate it sustained, so
-    // that no backlog of queued messages counts as index memory.
+    memory(name, bin, w, args, events_per_s)
+}
+
+/// Memory: a fresh process fed at a third of the rate it sustained, so
+/// that no backlog of queued messages counts as index memory.
+fn memory(
+    name: &'static str,
+    bin: &str,
+    w: &Workload,
+    args: &Args,
+    events_per_s: f64,
+) -> Result<()> {
+    let ctx = zmq::Context::new();
     let t = start(name, bin, args.threads)?;
     let socks = connect(&t, w, &ctx)?;
     let rss0 = rss_kib(t.child.id());
@@ -485,6 +502,21 @@ fn run_target(
         (rss1.saturating_sub(rss0)) as f64 / 1024.0 / blocks as f64 * 1e6,
         (rss1.saturating_sub(rss0)) as f64 * 1024.0 / blocks as f64
     );
+    if t.name == "ours" {
+        // The index's own account of its heap, beside the resident set.
+        let text = t.http.get(format!("{}/metrics", t.base)).send()?.text()?;
+        let bytes: f64 = text
+            .lines()
+            .filter(|l| l.starts_with("kvrouter_index_bytes{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        println!(
+            "{:6} memory: index heap {:.1} MiB ({:.0} bytes per block)",
+            t.name,
+            bytes / (1 << 20) as f64,
+            bytes / blocks as f64
+        );
+    }
     Ok(())
 }
 
@@ -500,6 +532,11 @@ fn main() -> Result<()> {
         w.queries.len(),
         args.query_tokens,
         t.elapsed().as_secs_f64()
+    );
+    let st = w.reference.stats();
+    println!(
+        "workload: the reference index saw {} stores whose parent the worker did not hold, {} removals of blocks it did not hold",
+        st.unknown_parents, st.unknown_removes
     );
     let queries = Arc::new(w.queries.clone());
     for round in 0..args.rounds {

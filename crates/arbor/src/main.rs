@@ -133,6 +133,9 @@ fn router(args: kvrouter::RouterArgs) -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    #[cfg(not(any(feature = "mimalloc", feature = "jemalloc")))]
+    // Not glibc: nothing to pin, the allocator keeps its own policy.
+    let _ = kvrouter::sys::pin_malloc_trim_threshold();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -12,8 +12,10 @@
 //! * [`Lanes`]: N writer threads in front of any index, each worker pinned
 //!   to one lane so its events apply in order.
 //! * [`local_block_hashes`] / [`sequence_hashes`]: Dynamo-compatible hashing.
-//! * [`workload`]: a deterministic synthetic router workload shared by the
-//!   benchmarks, the memory test and the Dynamo peer comparison.
+//! * `workload` (feature `test-util`, with the test hooks
+//!   `ConcurrentIndex::tree_shape` and `reclaim_deferred`): a deterministic
+//!   synthetic router workload shared by the benchmarks, the memory test
+//!   and the Dynamo peer comparison.
 //!
 //! See `docs/design.md` for the node layout and the concurrency protocol, and
 //! the repository's `BENCHMARKS.md` for measurements.
@@ -37,25 +39,28 @@
 #![deny(unsafe_code)]
 
 mod dump;
-pub mod event;
-pub mod hash;
-pub mod lanes;
-pub mod reference;
-pub mod scores;
-pub mod stats;
-pub mod tree;
+mod event;
+mod hash;
+mod lanes;
+mod reference;
+mod scores;
+mod stats;
+mod tree;
+#[cfg(feature = "test-util")]
 pub mod workload;
 
 pub use event::{ApplyError, KvEvent, KvEventData, StoredBlock, WorkerKey};
 pub use hash::{
-    local_block_hashes, local_block_hashes_salted, next_sequence_hash, sequence_hashes, BlockSalt,
-    ExternalHash, LocalHash, XXH3_SEED,
+    hash_block, local_block_hashes, local_block_hashes_salted, next_sequence_hash, sequence_hashes,
+    BlockSalt, ExternalHash, LocalHash, XXH3_SEED,
 };
-pub use lanes::Lanes;
+pub use lanes::{lane_of, ErrorHandler, Full, Lanes, LanesConfig, DEFAULT_QUEUE};
 pub use reference::ReferenceIndex;
 pub use scores::OverlapScores;
 pub use stats::{GapHandler, IndexStats};
-pub use tree::{reclaim_deferred, ConcurrentIndex};
+#[cfg(feature = "test-util")]
+pub use tree::{reclaim_deferred, TreeShape};
+pub use tree::{ConcurrentIndex, HeapBytes};
 
 /// The operations every index provides. Both [`ConcurrentIndex`] and
 /// [`ReferenceIndex`] implement it.

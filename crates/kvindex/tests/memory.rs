@@ -6,9 +6,8 @@
 use kvindex::workload::{Workload, WorkloadConfig};
 use kvindex::{ConcurrentIndex, KvEvent, KvEventData, KvIndexer, ReferenceIndex, WorkerKey};
 
-#[path = "../../part/benches/support/live_bytes.rs"]
-mod live_bytes;
 use live_bytes::live;
+use test_support::live_bytes;
 
 #[global_allocator]
 static A: live_bytes::LiveBytes = live_bytes::LiveBytes;
@@ -114,4 +113,98 @@ fn dropping_a_populated_index_frees_everything() {
         after < EPOCH_ALLOWANCE,
         "{after} B of {full} B left after drop"
     );
+}
+
+/// `heap_bytes` (the index's own account, what a service exports) agrees
+/// with the allocator's count of what the index holds.
+#[test]
+fn heap_bytes_agrees_with_the_allocator() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let wl = Workload::generate(WorkloadConfig {
+        workers: 24,
+        requests: 6_000,
+        queries: 0,
+        ..WorkloadConfig::default()
+    });
+    kvindex::reclaim_deferred();
+    let before = live();
+    let ours = ConcurrentIndex::new();
+    for ev in &wl.events {
+        let _ = ours.apply(ev);
+    }
+    kvindex::reclaim_deferred();
+    let counted = (live() - before) as f64;
+    let own = ours.heap_bytes().total() as f64;
+    eprintln!("heap bytes: allocator {counted}, heap_bytes {own}");
+    assert!(
+        (own - counted).abs() < 0.05 * counted,
+        "heap_bytes {own} vs allocator {counted}"
+    );
+    // Empty again after every worker clears: only per-worker bookkeeping.
+    let mut workers: Vec<WorkerKey> = wl.events.iter().map(|e| e.worker).collect();
+    workers.sort();
+    workers.dedup();
+    for (i, w) in workers.iter().enumerate() {
+        ours.apply(&KvEvent {
+            worker: *w,
+            event_id: 1_000_000 + i as u64,
+            data: KvEventData::Cleared,
+        })
+        .unwrap();
+    }
+    assert!(ours.heap_bytes().total() < 512 * workers.len() + 8192);
+}
+
+/// A worker whose cache churns at a steady size keeps its block map near
+/// that size: removals leave tombstones, and a map that doubled whenever
+/// they filled it would hold two to four buckets (17 bytes each) per
+/// block.
+#[test]
+fn a_churning_worker_keeps_its_block_map_small() {
+    use kvindex::{ExternalHash, LocalHash, StoredBlock};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let ix = ConcurrentIndex::new();
+    let w = WorkerKey::new(1, 0);
+    // 20,000 live blocks: the tightest table has 32,768 buckets (about
+    // 28 bytes per block); growing whenever tombstones fill it doubles that
+    // to 65,536 (about 56). Stored as chains of 8 under the root, the
+    // oldest chain removed as each new one is stored.
+    let (live, chain) = (20_000u64, 8u64);
+    let mut id = 0;
+    for c in 0..1_000_000 / chain {
+        let base = c * chain;
+        let blocks = (base..base + chain)
+            .map(|b| StoredBlock {
+                external: ExternalHash(b),
+                local: LocalHash(b.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+            })
+            .collect();
+        ix.apply(&KvEvent {
+            worker: w,
+            event_id: id,
+            data: KvEventData::Stored {
+                parent: None,
+                blocks,
+            },
+        })
+        .unwrap();
+        id += 1;
+        if base >= live {
+            let old = base - live;
+            ix.apply(&KvEvent {
+                worker: w,
+                event_id: id,
+                data: KvEventData::Removed {
+                    hashes: (old..old + chain).map(ExternalHash).collect(),
+                },
+            })
+            .unwrap();
+            id += 1;
+        }
+    }
+    let held = ix.worker_block_count(w) as f64;
+    assert!((held - live as f64).abs() <= chain as f64, "{held}");
+    let per_block = ix.heap_bytes().block_maps as f64 / held;
+    eprintln!("block map: {per_block:.1} bytes per held block");
+    assert!(per_block < 40.0, "{per_block:.1} bytes per held block");
 }

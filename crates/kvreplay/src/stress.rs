@@ -202,7 +202,7 @@ fn prepare<'a>(tl: &'a Timeline, cfg: &StressConfig) -> Prepared<'a> {
             block_ops += entry_block_ops(e);
             match e {
                 TimelineEntry::Event(ev) => {
-                    let lane = kvindex::lanes::lane_of(ev.worker, events.len());
+                    let lane = kvindex::lane_of(ev.worker, events.len());
                     events[lane].push((at(*t), ev));
                 }
                 TimelineEntry::Query(h) => {

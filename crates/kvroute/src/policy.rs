@@ -186,7 +186,10 @@ pub struct Router {
     balance: Balance,
     rng: ChaCha8Rng,
     next: usize,
-    scratch: Vec<f64>,
+    /// Reused per-worker keys: (pressure, in flight) for `kv-balanced`.
+    scratch: Vec<(f64, u64)>,
+    /// (in flight, active blocks) for `least-loaded`.
+    scratch_loads: Vec<(u64, u64)>,
     /// Per worker: cache pressure (decayed blocks sent to store) and when
     /// it was last updated, µs.
     pressure: Vec<(f64, u64)>,
@@ -202,6 +205,7 @@ impl Router {
             rng: ChaCha8Rng::seed_from_u64(seed),
             next: 0,
             scratch: Vec::new(),
+            scratch_loads: Vec::new(),
             pressure: Vec::new(),
         }
     }
@@ -272,12 +276,12 @@ impl Router {
             s.push(if allowed {
                 // Pressure decides; in-flight requests break exact ties
                 // (workers that were never sent anything to store).
-                self.pressure(w, now_us) * 1e6 + l.active_requests as f64
+                (self.pressure(w, now_us), l.active_requests)
             } else {
-                f64::INFINITY
+                (f64::INFINITY, u64::MAX)
             });
         }
-        let w = self.argmin_random(&s);
+        let w = self.argmin_random_by(&s, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
         self.scratch = s;
         let stored = request_blocks.saturating_sub(u64::from(overlaps[w]));
         self.add_pressure(w, stored, now_us);
@@ -310,13 +314,20 @@ impl Router {
             .collect()
     }
 
-    /// Index of the minimum, ties broken uniformly at random.
-    fn argmin_random(&mut self, values: &[f64]) -> usize {
-        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-        let ties = values.iter().filter(|&&v| v == min).count();
+    /// Index of the least key under `cmp`, ties (keys comparing equal)
+    /// broken uniformly at random; 0 for no keys.
+    fn argmin_random_by<K>(
+        &mut self,
+        keys: &[K],
+        cmp: impl Fn(&K, &K) -> std::cmp::Ordering,
+    ) -> usize {
+        let Some(min) = keys.iter().min_by(|a, b| cmp(a, b)) else {
+            return 0;
+        };
+        let ties = keys.iter().filter(|k| cmp(k, min).is_eq()).count();
         let mut pick = self.rng.random_range(0..ties);
-        for (i, &v) in values.iter().enumerate() {
-            if v == min {
+        for (i, k) in keys.iter().enumerate() {
+            if cmp(k, min).is_eq() {
                 if pick == 0 {
                     return i;
                 }
@@ -347,21 +358,17 @@ impl Router {
                 w
             }
             PolicyKind::LeastLoaded => {
-                let mut s = std::mem::take(&mut self.scratch);
+                let mut s = std::mem::take(&mut self.scratch_loads);
                 s.clear();
-                s.extend(
-                    loads
-                        .iter()
-                        .map(|l| l.active_requests as f64 * 1e12 + l.active_blocks as f64),
-                );
-                let w = self.argmin_random(&s);
-                self.scratch = s;
+                s.extend(loads.iter().map(|l| (l.active_requests, l.active_blocks)));
+                let w = self.argmin_random_by(&s, |a, b| a.cmp(b));
+                self.scratch_loads = s;
                 w
             }
             PolicyKind::KvAware => {
                 let costs = self.kv_costs(request_blocks, loads, overlaps);
                 if self.cost.temperature <= 0.0 {
-                    return self.argmin_random(&costs);
+                    return self.argmin_random_by(&costs, |a, b| a.total_cmp(b));
                 }
                 let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
                 let max = costs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -398,6 +405,28 @@ mod tests {
             assert_eq!(p.name().parse::<PolicyKind>().unwrap(), p);
         }
         assert!("fastest".parse::<PolicyKind>().is_err());
+    }
+
+    #[test]
+    fn ties_are_exact_and_broken_at_random() {
+        let mut r = Router::new(
+            PolicyKind::KvBalanced,
+            KvCost::default(),
+            Balance::default(),
+            1,
+        );
+        let by = |a: &(f64, u64), b: &(f64, u64)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
+        // Pressure decides before in-flight requests, however close (a key
+        // packed as pressure x 1e6 + requests read these two as a tie).
+        let keys = [(1.0, 5), (1.0 + 1e-6, 4)];
+        assert!((0..50).all(|_| r.argmin_random_by(&keys, by) == 0));
+        let keys = [(1.0, 3), (1.0, 3), (2.0, 0)];
+        let mut seen = [0; 3];
+        for _ in 0..200 {
+            seen[r.argmin_random_by(&keys, by)] += 1;
+        }
+        assert!(seen[0] > 50 && seen[1] > 50 && seen[2] == 0, "{seen:?}");
+        assert_eq!(r.argmin_random_by(&[] as &[(f64, u64)], by), 0);
     }
 
     #[test]

@@ -132,6 +132,10 @@ pub struct RouterArgs {
     /// replay is abandoned and the worker resynced.
     #[arg(long, default_value_t = 10_000)]
     pub max_held_batches: usize,
+    /// Bytes of live batches held per engine while its replay runs; past
+    /// this the replay is abandoned and the worker resynced.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub max_held_bytes: usize,
     /// Storage tiers besides GPU whose blocks enter the index (e.g. CPU).
     #[arg(long = "include-medium", value_name = "MEDIUM")]
     pub include_media: Vec<String>,
@@ -211,6 +215,7 @@ impl RouterArgs {
             replay_timeout: self.replay_timeout,
             max_replays: self.max_replays.max(1),
             max_held: self.max_held_batches.max(1),
+            max_held_bytes: self.max_held_bytes.max(1),
             extra_media: self.include_media.clone(),
             max_event_tokens: self.max_event_tokens,
         }

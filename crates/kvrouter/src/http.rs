@@ -6,7 +6,7 @@
 //! `GET /health`. Ours: `POST /route`, `POST /prefill_complete` (first
 //! token out: its blocks stop counting as pending prefill), `POST
 //! /complete`, `GET /ready`, `GET /metrics`. Every error is JSON `{"error": "..."}`.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
@@ -78,13 +78,20 @@ pub fn router(svc: Arc<Service>, metrics: metrics_exporter_prometheus::Prometheu
         .route(
             "/metrics",
             get(move |State(s): State<Arc<Service>>| async move {
-                crate::metrics::refresh(&s);
+                // The scrape walks each index (bytes held): off the
+                // async workers.
+                let text = tokio::task::spawn_blocking(move || {
+                    crate::metrics::refresh(&s);
+                    metrics.render()
+                })
+                .await
+                .unwrap_or_default();
                 (
                     [(
                         axum::http::header::CONTENT_TYPE,
                         "text/plain; version=0.0.4",
                     )],
-                    metrics.render(),
+                    text,
                 )
             }),
         )
@@ -308,24 +315,32 @@ fn other_group(model: &str, group: Option<&str>) -> Option<Response> {
 struct Summary {
     longest_matched: u32,
     gpu: u32,
-    dp: BTreeMap<String, u32>,
+    dp: BTreeMap<u32, u32>,
     cpu: u32,
     disk: u32,
 }
 
 /// Dynamo's score shape: tokens matched per instance and rank, how many
-/// workers hold each depth, and a per-instance summary.
-fn score_json(scores: &OverlapScores, block_size: u64) -> serde_json::Value {
+/// workers hold each depth, and a per-instance summary. Serialized as it
+/// stands (integer keys become JSON strings), with no `Value` in between.
+#[derive(Serialize)]
+struct ScoreBody {
+    scores: BTreeMap<u64, BTreeMap<u32, u32>>,
+    frequencies: Vec<usize>,
+    instances: BTreeMap<u64, Summary>,
+}
+
+fn score_json(scores: &OverlapScores, block_size: u64) -> ScoreBody {
     let bs = u32::try_from(block_size).unwrap_or(u32::MAX);
-    let mut flat: HashMap<String, HashMap<String, u32>> = HashMap::new();
+    let mut flat: BTreeMap<u64, BTreeMap<u32, u32>> = BTreeMap::new();
     let mut inst: BTreeMap<u64, Summary> = BTreeMap::new();
     let mut deepest = 0u32;
     for (w, n) in scores.iter() {
         let tokens = n.saturating_mul(bs);
         deepest = deepest.max(n);
-        flat.entry(w.worker_id.to_string())
+        flat.entry(w.worker_id)
             .or_default()
-            .insert(w.dp_rank.to_string(), tokens);
+            .insert(w.dp_rank, tokens);
         let e = inst.entry(w.worker_id).or_insert(Summary {
             longest_matched: 0,
             gpu: 0,
@@ -338,7 +353,7 @@ fn score_json(scores: &OverlapScores, block_size: u64) -> serde_json::Value {
         e.cpu = e.gpu;
         e.disk = e.gpu;
         e.longest_matched = e.gpu;
-        e.dp.insert(w.dp_rank.to_string(), tokens);
+        e.dp.insert(w.dp_rank, tokens);
     }
     // Workers holding each depth: one pass over the scores sorted deepest
     // first, not depth x workers.
@@ -352,9 +367,11 @@ fn score_json(scores: &OverlapScores, block_size: u64) -> serde_json::Value {
         }
         frequencies[d as usize] = holding;
     }
-    let instances: BTreeMap<String, Summary> =
-        inst.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    json!({ "scores": flat, "frequencies": frequencies, "instances": instances })
+    ScoreBody {
+        scores: flat,
+        frequencies,
+        instances: inst,
+    }
 }
 
 async fn query(State(s): State<Arc<Service>>, Body(r): Body<QueryReq>) -> Response {

@@ -25,7 +25,7 @@ use kvindex::{KvIndexer, WorkerKey};
 
 use crate::convert::{Converter, EventIds, Outcome, Rejected};
 use crate::registry::{FeedState, Model, Worker};
-use crate::seq::{Clear, Sequencer, Step};
+use crate::seq::{Clear, Sequencer, Step, Weighed};
 use crate::wire::decode_batch;
 
 /// Ingest limits and knobs.
@@ -46,6 +46,8 @@ pub struct IngestConfig {
     pub max_replays: usize,
     /// Live batches held per worker while its replay runs.
     pub max_held: usize,
+    /// Bytes of live batches held per worker while its replay runs.
+    pub max_held_bytes: usize,
     /// Storage tiers that enter the index besides GPU.
     pub extra_media: Vec<String>,
     /// Token ids one stored event may carry.
@@ -62,6 +64,7 @@ impl Default for IngestConfig {
             replay_timeout: Duration::from_secs(5),
             max_replays: 8,
             max_held: 10_000,
+            max_held_bytes: 64 << 20,
             extra_media: Vec::new(),
             max_event_tokens: 1 << 20,
         }
@@ -110,6 +113,7 @@ impl Ingest {
                 cfg: Arc::clone(&cfg),
                 rx,
                 feeds: Vec::new(),
+                replay_cursor: 0,
                 replays: Arc::clone(&replays),
                 stop: Arc::clone(&stop),
             };
@@ -167,7 +171,8 @@ impl Ingest {
                 start,
                 worker.spec.replay_endpoint.is_some(),
                 self.cfg.max_held,
-            ),
+            )
+            .with_max_held_bytes(self.cfg.max_held_bytes),
             conv: Converter {
                 block_size: worker.spec.block_size,
                 extra_media: self.cfg.extra_media.clone(),
@@ -267,6 +272,9 @@ struct Lane {
     feeds: Vec<Feed>,
     replays: Arc<AtomicUsize>,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// Where the next search for a waiting replay starts: slots go round
+    /// the feeds, so no worker waits behind others that keep wanting one.
+    replay_cursor: usize,
 }
 
 impl Lane {
@@ -438,9 +446,16 @@ impl Lane {
     }
 
     fn start_wanted_replays(&mut self) {
-        for i in 0..self.feeds.len() {
+        let n = self.feeds.len();
+        for k in 0..n {
+            let i = (self.replay_cursor + k) % n;
             if let Some(from) = self.feeds[i].replay_wanted {
                 self.start_replay(i, from);
+                if self.feeds[i].replay_wanted.is_some() {
+                    // No slot free: the next search starts here.
+                    self.replay_cursor = i;
+                    return;
+                }
             }
         }
     }
@@ -448,6 +463,7 @@ impl Lane {
     fn start_replay(&mut self, i: usize, from: u64) {
         let f = &mut self.feeds[i];
         let Some(ep) = f.worker.spec.replay_endpoint.clone() else {
+            f.replay_wanted = None;
             return;
         };
         let taken = self
@@ -499,9 +515,9 @@ impl Lane {
                 Step::Apply(seq, payload) => self.feeds[i].apply(seq, &payload),
                 Step::Clear(why) => self.feeds[i].clear(why),
                 Step::Replay(from) => {
-                    self.feeds[i].worker.status.gaps.fetch_add(1, Relaxed);
-                    metrics::counter!("kvrouter_gaps_total").increment(1);
-                    self.start_replay(i, from);
+                    // In turn with the workers already waiting for a slot.
+                    self.feeds[i].replay_wanted = Some(from);
+                    self.start_wanted_replays();
                 }
                 Step::CancelReplay => {
                     let f = &mut self.feeds[i];
@@ -514,6 +530,12 @@ impl Lane {
         }
         let f = &self.feeds[i];
         f.worker.status.duplicates.store(f.seq.duplicates, Relaxed);
+        let gaps = f.worker.status.gaps.load(Relaxed);
+        if f.seq.gaps != gaps {
+            // Rare: no metrics lookup on the per-batch path otherwise.
+            f.worker.status.gaps.store(f.seq.gaps, Relaxed);
+            metrics::counter!("kvrouter_gaps_total").increment(f.seq.gaps.saturating_sub(gaps));
+        }
         let state = if f.seq.current() {
             FeedState::Active
         } else if f.seq.replaying() {
@@ -522,6 +544,12 @@ impl Lane {
             FeedState::Pending
         };
         f.worker.status.set_state(state);
+    }
+}
+
+impl Weighed for zmq::Message {
+    fn bytes(&self) -> usize {
+        self.len()
     }
 }
 

@@ -11,7 +11,7 @@
 //!
 //! See `docs/design.md`.
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod approx;
 pub mod config;
@@ -23,6 +23,7 @@ pub mod registry;
 pub mod seq;
 pub mod service;
 pub mod snapshot;
+pub mod sys;
 pub mod wire;
 
 use std::future::Future;

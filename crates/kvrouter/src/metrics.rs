@@ -6,6 +6,10 @@ use std::sync::OnceLock;
 
 use kvindex::KvIndexer;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
+
+/// How long a gauge no scrape has set stays in the output.
+const GAUGE_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 use crate::ingest::unix_now;
 use crate::service::Service;
@@ -23,7 +27,11 @@ pub fn handle() -> PrometheusHandle {
             let b = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &latency)
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_ratio".into()), &ratio))
-                .unwrap_or_else(|_| PrometheusBuilder::new());
+                .unwrap_or_else(|_| PrometheusBuilder::new())
+                // Every gauge is set by `refresh` just before rendering, so
+                // one that was not set is of a removed worker or model:
+                // its series leaves the output.
+                .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE));
             let recorder = b.build_recorder();
             let h = recorder.handle();
             // Another recorder may be installed already (an embedding
@@ -42,6 +50,8 @@ pub fn refresh(s: &Service) {
         metrics::gauge!("kvrouter_index_blocks", "model" => model.clone()).set(m.blocks() as f64);
         metrics::gauge!("kvrouter_index_workers", "model" => model.clone())
             .set(m.workers.read().len() as f64);
+        metrics::gauge!("kvrouter_index_bytes", "model" => model.clone())
+            .set(m.index.heap_bytes().total() as f64);
         let stats = m.index.stats();
         metrics::gauge!("kvrouter_index_unknown_parents", "model" => model.clone())
             .set(stats.unknown_parents as f64);

@@ -12,7 +12,7 @@
 //!   Replayed batches fill the gap in order; duplicates are dropped.
 //! * A replay that cannot fill the gap (the engine's buffer starts later,
 //!   the replay brings nothing, times out, or the live batches held
-//!   overflow): clear the worker ([`Step::Clear`] with [`Clear::Resync`])
+//!   overflow their count or byte budget): clear the worker ([`Step::Clear`] with [`Clear::Resync`])
 //!   and go on from the next batch there is. The index is never silently
 //!   stale. A hole among the held batches past what a replay brought is a
 //!   newer loss: replay again.
@@ -27,6 +27,24 @@
 //!   worker counts as current only once its history is in.
 //! * With no replay endpoint a gap cannot be filled: resync at once.
 use std::collections::VecDeque;
+
+/// A payload's size, for the byte budget of batches held during a replay.
+pub trait Weighed {
+    /// Bytes it occupies.
+    fn bytes(&self) -> usize;
+}
+
+impl Weighed for u64 {
+    fn bytes(&self) -> usize {
+        8
+    }
+}
+
+impl Weighed for (u32, u64) {
+    fn bytes(&self) -> usize {
+        12
+    }
+}
 
 /// Why a worker's blocks are dropped from the index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,12 +82,17 @@ pub struct Sequencer<P> {
     progressed: bool,
     can_replay: bool,
     held: VecDeque<(u64, P)>,
+    held_bytes: usize,
     max_held: usize,
+    max_held_bytes: usize,
     /// Batches dropped as duplicates.
     pub duplicates: u64,
+    /// Times the live stream skipped seqs (batches lost in transit). A
+    /// replay asked again for the same hole is not another gap.
+    pub gaps: u64,
 }
 
-impl<P> Sequencer<P> {
+impl<P: Weighed> Sequencer<P> {
     /// A publisher heard for the first time, whose history is wanted from
     /// `start` (0, or a snapshot's seq + 1). `can_replay`: the engine has a
     /// replay endpoint. `max_held`: live batches held during a replay.
@@ -82,9 +105,39 @@ impl<P> Sequencer<P> {
             progressed: false,
             can_replay,
             held: VecDeque::new(),
+            held_bytes: 0,
             max_held: max_held.max(1),
+            max_held_bytes: usize::MAX,
             duplicates: 0,
+            gaps: 0,
         }
+    }
+
+    /// Also gives up a replay once the live batches held pass `bytes`.
+    pub fn with_max_held_bytes(mut self, bytes: usize) -> Self {
+        self.max_held_bytes = bytes.max(1);
+        self
+    }
+
+    fn hold(&mut self, seq: u64, p: P) {
+        self.held_bytes += p.bytes();
+        self.held.push_back((seq, p));
+    }
+
+    fn hold_front(&mut self, seq: u64, p: P) {
+        self.held_bytes += p.bytes();
+        self.held.push_front((seq, p));
+    }
+
+    fn take_held(&mut self) -> Option<(u64, P)> {
+        let (seq, p) = self.held.pop_front()?;
+        self.held_bytes -= p.bytes();
+        Some((seq, p))
+    }
+
+    fn drop_held(&mut self) {
+        self.held.clear();
+        self.held_bytes = 0;
     }
 
     /// The next seq wanted, once any has been heard.
@@ -121,17 +174,20 @@ impl<P> Sequencer<P> {
         if self.last_live.is_some_and(|l| seq <= l) {
             if self.replaying {
                 self.replaying = false;
-                self.held.clear();
+                self.drop_held();
                 out.push(Step::CancelReplay);
             }
             self.last_live = Some(seq);
             self.restart(seq, p, out);
             return;
         }
+        if self.last_live.is_some_and(|l| seq > l + 1) {
+            self.gaps += 1;
+        }
         self.last_live = Some(seq);
         if self.replaying {
-            self.held.push_back((seq, p));
-            if self.held.len() > self.max_held {
+            self.hold(seq, p);
+            if self.held.len() > self.max_held || self.held_bytes > self.max_held_bytes {
                 self.replaying = false;
                 out.push(Step::CancelReplay);
                 self.progressed = false;
@@ -146,7 +202,7 @@ impl<P> Sequencer<P> {
             Some(n) if seq < n => self.duplicates += 1,
             Some(n) => {
                 if self.can_replay {
-                    self.held.push_back((seq, p));
+                    self.hold(seq, p);
                     self.start_replay(n, out);
                 } else {
                     out.push(Step::Clear(Clear::Resync));
@@ -164,7 +220,7 @@ impl<P> Sequencer<P> {
             self.restart(seq, p, out);
         } else if self.can_replay {
             self.next = Some(self.start);
-            self.held.push_back((seq, p));
+            self.hold(seq, p);
             self.start_replay(self.start, out);
         } else {
             out.push(Step::Clear(Clear::Resync));
@@ -227,12 +283,12 @@ impl<P> Sequencer<P> {
     /// made progress is a newer loss: replay again from it. After one that
     /// brought nothing, the hole is history the engine cannot give: resync.
     fn resume(&mut self, out: &mut Vec<Step<P>>) {
-        while let Some((seq, p)) = self.held.pop_front() {
+        while let Some((seq, p)) = self.take_held() {
             match self.next {
                 Some(n) if seq < n => self.duplicates += 1,
                 Some(n) if seq == n => self.apply(seq, p, out),
                 Some(n) if self.can_replay && self.progressed => {
-                    self.held.push_front((seq, p));
+                    self.hold_front(seq, p);
                     self.start_replay(n, out);
                     return;
                 }
@@ -274,7 +330,27 @@ mod tests {
         assert_eq!(applied(&s.replayed(3, 3)), vec![3]);
         assert_eq!(applied(&s.replay_done()), vec![4]);
         assert_eq!(s.duplicates, 2);
+        assert_eq!(s.gaps, 1);
         assert!(s.current());
+    }
+
+    #[test]
+    fn a_hole_asked_for_twice_is_one_gap() {
+        let mut s = Sequencer::new(0, true, 10);
+        s.live(0, 0);
+        assert_eq!(s.live(5, 5), vec![Step::Replay(1)]);
+        // The replay brings 1 and 2, then ends (timed out): 3 and 4 are
+        // still missing, so it is asked again.
+        s.replayed(1, 1);
+        s.replayed(2, 2);
+        assert_eq!(s.replay_done(), vec![Step::Replay(3)]);
+        assert_eq!(s.gaps, 1);
+        // Another live loss is another gap.
+        s.replayed(3, 3);
+        s.replayed(4, 4);
+        assert_eq!(applied(&s.replay_done()), vec![5]);
+        assert_eq!(s.live(8, 8), vec![Step::Replay(6)]);
+        assert_eq!(s.gaps, 2);
     }
 
     #[test]
@@ -320,6 +396,26 @@ mod tests {
             blind.live(4, 4),
             vec![Step::Clear(Clear::Resync), Step::Apply(4, 4)]
         );
+    }
+
+    #[test]
+    fn too_many_held_bytes_give_up_the_replay() {
+        // u64 payloads weigh 8 bytes: two fit in 20, a third does not.
+        let mut s = Sequencer::new(0, true, 100).with_max_held_bytes(20);
+        s.live(0, 0);
+        assert_eq!(s.live(2, 2), vec![Step::Replay(1)]);
+        assert!(s.live(3, 3).is_empty());
+        assert_eq!(
+            s.live(4, 4),
+            vec![
+                Step::CancelReplay,
+                Step::Clear(Clear::Resync),
+                Step::Apply(2, 2),
+                Step::Apply(3, 3),
+                Step::Apply(4, 4)
+            ]
+        );
+        assert_eq!((s.held(), s.held_bytes), (0, 0));
     }
 
     #[test]

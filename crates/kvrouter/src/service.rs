@@ -153,13 +153,16 @@ impl Service {
             next_request: std::sync::atomic::AtomicU64::new(0),
             args,
         });
+        // Workers from the flags and the file, first: a worker the
+        // snapshot also holds takes its endpoints from here.
+        let configured = svc.configured_workers()?;
         let doc = match (&svc.args.snapshot, &svc.args.peer) {
             (Some(path), _) if path.exists() => crate::snapshot::read(path).map_err(Box::new)?,
             (_, Some(url)) => Some(crate::snapshot::fetch(url).map_err(Box::new)?),
             _ => None,
         };
         if let Some(doc) = doc {
-            let r = crate::snapshot::restore(&svc, &doc).map_err(Box::new)?;
+            let r = crate::snapshot::restore(&svc, &doc, &configured).map_err(Box::new)?;
             tracing::info!(
                 models = r.models,
                 events = r.events,
@@ -167,45 +170,43 @@ impl Service {
                 "state restored"
             );
         }
-        for w in svc.args.workers.clone() {
-            let key = WorkerKey::new(w.id, w.dp_rank);
+        for spec in configured {
             let known = svc
                 .models
-                .get(&svc.args.model)
-                .is_some_and(|m| m.workers.read().contains_key(&key));
-            if known {
-                continue;
-            }
-            svc.register(WorkerSpec {
-                key,
-                model: svc.args.model.clone(),
-                block_size: svc.args.block_size,
-                endpoint: Some(w.endpoint),
-                replay_endpoint: w.replay,
-            })?;
-        }
-        if let Some(path) = svc.args.workers_file.clone() {
-            let entries = crate::config::read_workers_file(&path).map_err(ServiceError::Invalid)?;
-            for e in entries {
-                let model = e.model_name.unwrap_or_else(|| svc.args.model.clone());
-                let key = WorkerKey::new(e.instance_id, e.dp_rank);
-                let known = svc
-                    .models
-                    .get(&model)
-                    .is_some_and(|m| m.workers.read().contains_key(&key));
-                if known {
-                    continue;
-                }
-                svc.register(WorkerSpec {
-                    key,
-                    model,
-                    block_size: e.block_size.unwrap_or(svc.args.block_size),
-                    endpoint: Some(e.endpoint),
-                    replay_endpoint: e.replay_endpoint,
-                })?;
+                .get(&spec.model)
+                .is_some_and(|m| m.workers.read().contains_key(&spec.key));
+            if !known {
+                svc.register(spec)?;
             }
         }
         Ok(svc)
+    }
+
+    /// The workers `--worker` and `--workers-file` name, in that order.
+    fn configured_workers(&self) -> Result<Vec<WorkerSpec>, ServiceError> {
+        let a = &self.args;
+        let mut out: Vec<WorkerSpec> = a
+            .workers
+            .iter()
+            .map(|w| WorkerSpec {
+                key: WorkerKey::new(w.id, w.dp_rank),
+                model: a.model.clone(),
+                block_size: a.block_size,
+                endpoint: Some(w.endpoint.clone()),
+                replay_endpoint: w.replay.clone(),
+            })
+            .collect();
+        if let Some(path) = &a.workers_file {
+            let entries = crate::config::read_workers_file(path).map_err(ServiceError::Invalid)?;
+            out.extend(entries.into_iter().map(|e| WorkerSpec {
+                key: WorkerKey::new(e.instance_id, e.dp_rank),
+                model: e.model_name.unwrap_or_else(|| a.model.clone()),
+                block_size: e.block_size.unwrap_or(a.block_size),
+                endpoint: Some(e.endpoint),
+                replay_endpoint: e.replay_endpoint,
+            }));
+        }
+        Ok(out)
     }
 
     /// Stops applying events (the ingest threads end); for shutdown.

@@ -218,9 +218,13 @@ pub struct Restored {
 
 /// Loads `doc` into `svc` before any worker is subscribed: each model's
 /// events into its index, then each recorded worker subscribed from its
-/// seq + 1 (with the endpoints of the command line where it names the
-/// worker too).
-pub fn restore(svc: &Service, doc: &Value) -> Result<Restored, SnapshotError> {
+/// seq + 1, with the endpoints of `configured` (the `--worker` flags and
+/// the workers file) where they name the worker too.
+pub fn restore(
+    svc: &Service,
+    doc: &Value,
+    configured: &[WorkerSpec],
+) -> Result<Restored, SnapshotError> {
     let models = doc
         .as_object()
         .ok_or_else(|| SnapshotError::Format("the document is not an object".into()))?;
@@ -258,20 +262,22 @@ pub fn restore(svc: &Service, doc: &Value) -> Result<Restored, SnapshotError> {
         }
         for rec in records {
             let k = WorkerKey::new(rec.instance_id, rec.dp_rank);
-            // A worker also given on the command line takes its endpoints
-            // from there.
-            let flag =
-                svc.args.workers.iter().find(|w| {
-                    name == svc.args.model && w.id == k.worker_id && w.dp_rank == k.dp_rank
-                });
-            let spec = WorkerSpec {
-                key: k,
-                model: name.to_string(),
-                block_size,
-                endpoint: flag.map(|f| f.endpoint.clone()).or(rec.endpoint.clone()),
-                replay_endpoint: match flag {
-                    Some(f) => f.replay.clone(),
-                    None => rec.replay_endpoint.clone(),
+            // A worker also given by `--worker` or `--workers-file` takes
+            // its endpoints from there.
+            let spec = match configured.iter().find(|c| c.model == name && c.key == k) {
+                Some(c) if c.block_size != block_size => {
+                    return Err(SnapshotError::Format(format!(
+                        "{key}: worker {k:?} is configured with block size {}, the snapshot holds {block_size}",
+                        c.block_size
+                    )))
+                }
+                Some(c) => c.clone(),
+                None => WorkerSpec {
+                    key: k,
+                    model: name.to_string(),
+                    block_size,
+                    endpoint: rec.endpoint.clone(),
+                    replay_endpoint: rec.replay_endpoint.clone(),
                 },
             };
             let start = rec.last_seq.map_or(0, |s| s.saturating_add(1));

@@ -365,3 +365,71 @@ fn workers_from_a_file() {
     };
     assert!(err.contains("typo"), "{err}");
 }
+
+#[test]
+fn metrics_series_follow_workers_and_models() {
+    let r = Router::start(args());
+    let (s, _) = r.post(
+        "/register",
+        &json!({"instance_id": 77, "endpoint": "tcp://127.0.0.1:1",
+                "model_name": "series", "block_size": BS}),
+    );
+    assert_eq!(s, 201);
+    let m = r.text("/metrics");
+    let worker = "kvrouter_worker_blocks{model=\"series\",worker_id=\"77\"";
+    let bytes = m
+        .lines()
+        .find_map(|l| l.strip_prefix("kvrouter_index_bytes{model=\"series\"} "))
+        .unwrap_or_else(|| panic!("no index bytes:\n{m}"));
+    assert!(bytes.parse::<f64>().unwrap() > 0.0, "{bytes}");
+    assert!(m.contains(worker), "{m}");
+    let (s, _) = r.post(
+        "/unregister",
+        &json!({"instance_id": 77, "model_name": "series"}),
+    );
+    assert_eq!(s, 200);
+    // Gauges leave the output once no scrape sets them (one second).
+    std::thread::sleep(Duration::from_millis(1_200));
+    let m = r.text("/metrics");
+    assert!(!m.contains("model=\"series\""), "{m}");
+}
+
+#[test]
+fn a_restored_worker_takes_its_endpoints_from_the_workers_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("router.json");
+    let mut a = args();
+    a.snapshot = Some(snap.clone());
+    {
+        let r = Router::start(a.clone());
+        assert_eq!(register(&r, 5, 9).0, 201);
+    } // shutdown writes the snapshot
+    let f = dir.path().join("workers.json");
+    std::fs::write(
+        &f,
+        r#"[{"instance_id": 5, "endpoint": "tcp://127.0.0.1:19", "replay_endpoint": "tcp://127.0.0.1:20"}]"#,
+    )
+    .unwrap();
+    a.workers_file = Some(f.clone());
+    let r = Router::start(a.clone());
+    let (_, ws) = r.get("/workers");
+    let ws = ws.as_array().unwrap();
+    assert_eq!(ws.len(), 1, "{ws:?}");
+    assert_eq!(ws[0]["endpoints"]["0"], "tcp://127.0.0.1:19", "{ws:?}");
+    assert_eq!(
+        ws[0]["feeds"]["0"]["replay_endpoint"], "tcp://127.0.0.1:20",
+        "{ws:?}"
+    );
+    drop(r);
+    // A configured block size the snapshot contradicts stops the start.
+    std::fs::write(
+        &f,
+        r#"[{"instance_id": 5, "endpoint": "tcp://127.0.0.1:19", "block_size": 64}]"#,
+    )
+    .unwrap();
+    let err = match kvrouter::Service::new(a) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a contradicting workers file was accepted"),
+    };
+    assert!(err.contains("block size"), "{err}");
+}

@@ -1,8 +1,7 @@
 //! The part benchmark suite on mimalloc (`part`: on the system allocator):
 //! `cargo bench -p part --bench part_mimalloc`.
 
-#[path = "support/fast_mimalloc.rs"]
-mod fast_mimalloc;
+use test_support::fast_mimalloc;
 mod suite;
 
 #[global_allocator]

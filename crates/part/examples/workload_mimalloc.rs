@@ -2,8 +2,7 @@
 //!
 //! `cargo run --release -p part --example workload_mimalloc -- insert 200`
 
-#[path = "../benches/support/fast_mimalloc.rs"]
-mod fast_mimalloc;
+use test_support::fast_mimalloc;
 
 #[global_allocator]
 static ALLOC: fast_mimalloc::FastMiMalloc = fast_mimalloc::FastMiMalloc;

@@ -113,6 +113,7 @@ fn take(layout: Layout) -> Option<NonNull<u8>> {
 
 /// How many blocks this thread took from its cache instead of the
 /// allocator, and their bytes (a counting allocator does not see them).
+#[cfg(any(test, feature = "test-util"))]
 pub(crate) fn reused() -> (u64, u64) {
     CACHE
         .try_with(|c| c.try_borrow().map_or((0, 0), |c| c.reused))

@@ -52,8 +52,12 @@ mod tree;
 mod txn;
 mod watch;
 
-#[doc(hidden)]
+/// Test hooks: the structural invariant checker and allocation counters
+/// (feature `test-util`).
+#[cfg(feature = "test-util")]
 pub mod check;
+#[cfg(all(test, not(feature = "test-util")))]
+mod check;
 
 pub use iter::{Entry, IntoIter, Iter, Scan};
 pub use tree::{Options, Tree};

@@ -250,6 +250,7 @@ impl<V> Patches<V> {
     }
 
     /// Checks the invariants above and the patch map.
+    #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn check(&self) -> Result<(), String> {
         let bits: u32 = self.patched.iter().map(|w| w.count_ones()).sum();
         let keys = &self.keys[..self.len()];

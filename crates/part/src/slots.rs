@@ -348,6 +348,7 @@ impl<V> Slots256<V> {
     }
 
     /// Checks the invariants above.
+    #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn check(&self) -> Result<(), String> {
         for (i, c) in self.children.iter().enumerate() {
             if c.is_some() != (self.present[i >> 6] & (1u64 << (i & 63)) != 0) {

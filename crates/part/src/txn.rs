@@ -650,7 +650,8 @@ impl<V: Clone> Txn<V> {
     }
 
     /// Checks the structural invariants of the transaction's current tree.
-    #[doc(hidden)]
+    /// A test hook (feature `test-util`).
+    #[cfg(feature = "test-util")]
     pub fn check_invariants(&self) -> Result<(), String> {
         crate::check::check_root(&self.root, self.len)
     }
@@ -690,6 +691,24 @@ impl<V: Clone> Txn<V> {
 
     /// Commits without notifying: publish the tree first, then call
     /// [`Notifier::notify`] (or drop it) so watchers see the new state.
+    ///
+    /// ```
+    /// use std::sync::RwLock;
+    /// use part::Tree;
+    ///
+    /// // Where readers find the current tree.
+    /// let current = RwLock::new(Tree::<u32>::new());
+    /// let (_, changed) = current.read().unwrap().get_watch(b"k");
+    ///
+    /// let mut txn = current.read().unwrap().txn();
+    /// txn.insert(b"k", 7).unwrap();
+    /// let (tree, notifier) = txn.commit_only();
+    /// assert!(!changed.is_closed()); // not yet: the new tree is not published
+    /// *current.write().unwrap() = tree;
+    /// notifier.notify(); // a woken watcher now reads the new tree
+    /// assert!(changed.is_closed());
+    /// assert_eq!(current.read().unwrap().get(b"k"), Some(&7));
+    /// ```
     pub fn commit_only(mut self) -> (Tree<V>, Notifier<V>) {
         compress_root(&mut self.rec, &mut self.root);
         let home = self.rec.watched().then(|| self.root.clone());

@@ -329,6 +329,25 @@ impl Future for Changed {
 }
 
 /// Waits for the first of several watches.
+///
+/// ```
+/// use std::time::Duration;
+/// use part::{Tree, WatchSet};
+///
+/// let tree: Tree<u32> = Tree::new();
+/// let (_, on_a) = tree.get_watch(b"a");
+/// let (_, on_b) = tree.get_watch(b"b");
+/// let mut set = WatchSet::new();
+/// set.add(on_a);
+/// let b = set.add(on_b);
+/// assert_eq!(set.wait_timeout(Duration::from_millis(1)), None); // nothing changed
+///
+/// let mut txn = tree.txn();
+/// txn.insert(b"b", 1).unwrap();
+/// let _tree = txn.commit();
+/// assert_eq!(set.wait(), Some(b));
+/// assert_eq!(set.closed(), [b]);
+/// ```
 #[derive(Default, Debug)]
 pub struct WatchSet {
     watches: Vec<Watch>,

@@ -1,9 +1,8 @@
-//! The benches' allocator shim (`benches/support/fast_mimalloc.rs`) honours
+//! The benches' allocator shim (`test-support/src/fast_mimalloc.rs`) honours
 //! every layout: alignment on both paths, zeroing, and contents kept across
 //! `realloc` when a block moves between the plain and the aligned calls.
 
-#[path = "../benches/support/fast_mimalloc.rs"]
-mod fast_mimalloc;
+use test_support::fast_mimalloc;
 
 use std::alloc::{GlobalAlloc, Layout};
 

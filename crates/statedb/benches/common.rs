@@ -69,7 +69,12 @@ pub(crate) fn new_db_with(db: &Db, name: &str, secondary: bool, key_layout: KeyL
         vec![]
     };
     let table = db
-        .create_table_with(name, &by_id, &sec, TableOptions { key_layout })
+        .create_table_with(
+            name,
+            &by_id,
+            &sec,
+            TableOptions::default().with_key_layout(key_layout),
+        )
         .unwrap();
     if std::env::var_os("STATEDB_BENCH_REVISIONS").is_some_and(|v| v == "1") {
         // One revision-order read: the first write builds the table's

@@ -17,8 +17,7 @@
 
 mod common;
 
-#[path = "../../part/benches/support/fast_mimalloc.rs"]
-mod fast_mimalloc;
+use test_support::fast_mimalloc;
 
 /// Same allocator as the criterion suite (see `statedb.rs`).
 #[global_allocator]
@@ -72,8 +71,8 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
                 // (time, count) of write transactions; the rest are reads.
                 let mut writes = (0u64, 0u64);
                 loop {
-                    let id = rng.gen_range(0..OBJECTS);
-                    let write = rng.gen_ratio(WRITE_PCT, 100);
+                    let id = rng.random_range(0..OBJECTS);
+                    let write = rng.random_ratio(WRITE_PCT, 100);
                     if write {
                         let mut w = b.db.write_txn(&[&b.table]).unwrap();
                         b.table.insert(&mut w, obj(id)).unwrap();
@@ -136,85 +135,27 @@ fn run(threads: usize, secs: f64) -> (f64, f64, u64, u64) {
     (total, per_cpu, all.pct(0.5), all.pct(0.99))
 }
 
-/// Latencies in log-linear buckets: each power of two of nanoseconds split
-/// into 32 steps, so a percentile is read to within about 3% (the bucket's
-/// middle is reported).
-struct Hist {
-    counts: Vec<u64>,
-}
-
-const SUB: u32 = 5;
+/// Latencies in nanoseconds, to 3 significant digits (a few KiB; merged
+/// over threads after the run).
+struct Hist(hdrhistogram::Histogram<u64>);
 
 impl Hist {
     fn new() -> Self {
-        Hist {
-            counts: vec![0; (64 << SUB) as usize],
-        }
-    }
-
-    fn bucket(ns: u64) -> usize {
-        if ns < 1 << SUB {
-            return ns as usize;
-        }
-        let k = 63 - ns.leading_zeros();
-        let sub = (ns >> (k - SUB)) & ((1 << SUB) - 1);
-        (((k - SUB + 1) << SUB) as u64 + sub) as usize
-    }
-
-    /// The middle of bucket `b`'s range.
-    fn value(b: usize) -> u64 {
-        let b = b as u64;
-        if b < 1 << SUB {
-            return b;
-        }
-        let k = (b >> SUB) + u64::from(SUB) - 1;
-        let sub = b & ((1 << SUB) - 1);
-        let width = 1u64 << (k - u64::from(SUB));
-        (1u64 << k) + sub * width + width / 2
+        Hist(hdrhistogram::Histogram::new(3).expect("3 significant digits is valid"))
     }
 
     fn record(&mut self, ns: u64) {
-        if let Some(c) = self.counts.get_mut(Self::bucket(ns)) {
-            *c += 1;
-        }
+        // Auto-resizing: any value fits.
+        self.0.saturating_record(ns);
     }
 
     fn merge(&mut self, other: &Hist) {
-        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
-            *a += b;
-        }
+        let _ = self.0.add(&other.0);
     }
 
     fn pct(&self, p: f64) -> u64 {
-        let total: u64 = self.counts.iter().sum();
-        let want = ((total as f64 - 1.0) * p).round() as u64;
-        let mut seen = 0;
-        for (b, &c) in self.counts.iter().enumerate() {
-            seen += c;
-            if seen > want {
-                return Self::value(b);
-            }
-        }
-        0
+        self.0.value_at_quantile(p)
     }
-}
-
-/// Checked on every run (a bench target's tests do not run).
-fn check_hist() {
-    for ns in [0u64, 1, 31, 32, 33, 100, 1_000, 123_456, 10_000_000_000] {
-        let mut h = Hist::new();
-        h.record(ns);
-        let got = h.pct(0.5) as f64;
-        assert!(
-            (got - ns as f64).abs() <= ns as f64 * 0.04 + 0.5,
-            "{ns} -> {got}"
-        );
-    }
-    let mut h = Hist::new();
-    for ns in 1..=1000u64 {
-        h.record(ns);
-    }
-    assert!((h.pct(0.99) as f64 - 990.0).abs() < 990.0 * 0.04);
 }
 
 /// (write-lock acquisitions, total wait, timed holds, their total) of the
@@ -240,7 +181,6 @@ fn main() {
         .skip(1)
         .filter_map(|a| a.parse::<f64>().ok());
     let secs = args.next().unwrap_or(3.0);
-    check_hist();
     let pairs = args.next().map_or(1, |p| p.max(1.0) as usize);
     println!("KV95 key layout: {:?}", env_layout());
     let mut wall = Vec::new();
@@ -294,7 +234,9 @@ fn median_interval(v: &[f64]) -> (f64, f64) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let mut medians: Vec<f64> = (0..2000)
         .map(|_| {
-            let mut s: Vec<f64> = (0..v.len()).map(|_| v[rng.gen_range(0..v.len())]).collect();
+            let mut s: Vec<f64> = (0..v.len())
+                .map(|_| v[rng.random_range(0..v.len())])
+                .collect();
             median(&mut s)
         })
         .collect();

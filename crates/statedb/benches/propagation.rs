@@ -24,8 +24,7 @@
 
 mod common;
 
-#[path = "../../part/benches/support/fast_mimalloc.rs"]
-mod fast_mimalloc;
+use test_support::fast_mimalloc;
 
 /// Same allocator as the criterion suite (see `statedb.rs`).
 #[global_allocator]

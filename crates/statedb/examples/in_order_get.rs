@@ -15,8 +15,7 @@ mod common;
 use common::{fill, new_db};
 
 // The suite's allocator: placement differs between allocators.
-#[path = "../../part/benches/support/fast_mimalloc.rs"]
-mod fast_mimalloc;
+use test_support::fast_mimalloc;
 
 #[global_allocator]
 static ALLOC: fast_mimalloc::FastMiMalloc = fast_mimalloc::FastMiMalloc;

@@ -19,8 +19,7 @@ use common::{fill, new_db_named, obj, shuffled};
 use statedb::Db;
 
 // The suite's allocator.
-#[path = "../../part/benches/support/fast_mimalloc.rs"]
-mod fast_mimalloc;
+use test_support::fast_mimalloc;
 
 #[global_allocator]
 static ALLOC: fast_mimalloc::FastMiMalloc = fast_mimalloc::FastMiMalloc;

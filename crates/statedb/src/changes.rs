@@ -255,6 +255,25 @@ impl<T: Storable> Changes<T> {
     /// with no reference count moved and no list built. Each change yielded
     /// advances the consumer; stopping early loses nothing (see
     /// [`ChangesIter`]).
+    ///
+    /// ```
+    /// use statedb::{ChangeKind, Db, Index, Table};
+    ///
+    /// let db = Db::new();
+    /// let id = Index::unique("id", |x: &u32| *x);
+    /// let t: Table<u32> = db.create_table("t", &id, &[]).unwrap();
+    /// let mut w = db.write_txn(&[&t]).unwrap();
+    /// let mut changes = t.changes(&mut w).unwrap();
+    /// t.insert(&mut w, 1).unwrap();
+    /// t.insert(&mut w, 2).unwrap();
+    /// t.delete(&mut w, &1).unwrap();
+    /// let r = w.commit().unwrap();
+    ///
+    /// let (it, watch) = changes.iter(&r).unwrap();
+    /// let seen: Vec<(u32, bool)> = it.map(|c| (*c.object.value(), c.kind == ChangeKind::Delete)).collect();
+    /// assert_eq!(seen, [(2, false), (1, true)]);
+    /// assert!(!watch.is_closed()); // fires on the next commit to `t`
+    /// ```
     pub fn iter<'a>(&'a mut self, txn: &'a ReadTxn) -> Result<(ChangesIter<'a, T>, Watch)> {
         let root = txn.root(&self.table)?;
         let watch = root.changed_watch();

@@ -15,7 +15,6 @@ use triomphe::UniqueArc;
 
 use crate::index::{AnyIndex, Index};
 use crate::key::KeyLayout;
-use crate::line::CacheLine;
 use crate::metrics::{TableMetrics, Timings};
 use crate::publish::RootCell;
 use crate::table::{
@@ -23,6 +22,7 @@ use crate::table::{
 };
 use crate::txn::{now_if_timed, Locked, ReadTxn, Reader, WriteTxn};
 use crate::{Error, Result, Revision};
+use crossbeam_utils::CachePadded;
 
 /// A table's committed root (a `TableRoot<T>`), type-erased.
 pub(crate) type AnyRoot = Arc<dyn Any + Send + Sync>;
@@ -174,8 +174,10 @@ fn thread_tag() -> u64 {
 
 static NEXT_DB: AtomicU64 = AtomicU64::new(1);
 
-/// Database options.
+/// Database options: `DbOptions::default()` and the `with_` setters (new
+/// options may come, so it is not built field by field).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct DbOptions {
     /// How often the background collector looks for graveyard entries every
     /// consumer has processed (and frees old snapshots that readers handed
@@ -201,11 +203,34 @@ impl Default for DbOptions {
     }
 }
 
-/// Table options.
+impl DbOptions {
+    /// Sets [`DbOptions::gc_interval`].
+    pub fn with_gc_interval(mut self, every: Option<Duration>) -> Self {
+        self.gc_interval = every;
+        self
+    }
+
+    /// Sets [`DbOptions::time_one_in`].
+    pub fn with_time_one_in(mut self, n: u32) -> Self {
+        self.time_one_in = n;
+        self
+    }
+}
+
+/// Table options: `TableOptions::default()` and the `with_` setters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TableOptions {
     /// How index keys are stored (see [`KeyLayout`]).
     pub key_layout: KeyLayout,
+}
+
+impl TableOptions {
+    /// Sets [`TableOptions::key_layout`].
+    pub fn with_key_layout(mut self, layout: KeyLayout) -> Self {
+        self.key_layout = layout;
+        self
+    }
 }
 
 /// Per-table figures, as [`Db::stats`] reports them.
@@ -257,7 +282,7 @@ pub(crate) struct DbInner {
     /// published, by publishing thread ([`thread_tag`] modulo their
     /// number): that thread frees them, or the background thread when a
     /// box fills and on its rounds (see `retire`).
-    mailboxes: Box<[CacheLine<Mailbox>]>,
+    mailboxes: Box<[CachePadded<Mailbox>]>,
     /// [`DbOptions::gc_interval`]: a collector is wanted (else everything is
     /// freed inline).
     gc_every: Option<Duration>,
@@ -352,7 +377,7 @@ impl Db {
             gc_thread: Mutex::new(None),
             closing: AtomicBool::new(false),
             mailboxes: (0..MAILBOXES)
-                .map(|_| CacheLine(Mailbox::default()))
+                .map(|_| CachePadded::new(Mailbox::default()))
                 .collect(),
             gc_every: opts.gc_interval,
             collector_started: AtomicBool::new(false),
@@ -409,7 +434,7 @@ impl Db {
             db_uid: self.inner.uid,
             id: tables.len(),
             name: name.to_string(),
-            metrics: CacheLine(TableMetrics::new(name)),
+            metrics: CachePadded::new(TableMetrics::new(name)),
             layout: opts.key_layout,
             revisions_wanted: Default::default(),
         });

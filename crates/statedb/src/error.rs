@@ -3,6 +3,7 @@
 /// Everything that can go wrong: bad names, misuse of transactions and
 /// handles, oversized keys, failed compare-and-swap.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A table or index name breaks the naming rules.
     #[error("invalid {what} name {name:?}: {reason}")]
@@ -118,9 +119,41 @@ pub enum Error {
         /// The address width.
         max: u8,
     },
-    /// Serializing a table to JSON failed.
+    /// Serializing a table to JSON failed (the serializer's error is the
+    /// source).
     #[error("json: {0}")]
-    Json(String),
+    Json(#[source] JsonError),
+}
+
+/// A `serde_json` error, shared so that [`Error`] stays `Clone`; two are
+/// equal when their messages are.
+#[derive(Debug, Clone)]
+pub struct JsonError(pub std::sync::Arc<serde_json::Error>);
+
+impl std::fmt::Display for JsonError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for JsonError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+impl PartialEq for JsonError {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl Eq for JsonError {}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error::Json(JsonError(std::sync::Arc::new(e)))
+    }
 }
 
 impl From<part::Error> for Error {

@@ -61,7 +61,6 @@ mod error;
 mod index;
 mod init;
 mod key;
-mod line;
 mod metrics;
 mod object;
 #[allow(unsafe_code)]
@@ -70,9 +69,16 @@ mod table;
 mod txn;
 mod wait;
 
+/// Traits users call but must not implement: the database relies on the
+/// implementations it has (a table's locks and views, a snapshot's roots).
+mod sealed {
+    /// Implemented only inside this crate.
+    pub trait Sealed {}
+}
+
 pub use changes::{Change, ChangeKind, ChangeRef, Changes, ChangesIter};
 pub use db::{Db, DbOptions, TableOptions, TableStats};
-pub use error::Error;
+pub use error::{Error, JsonError};
 pub use index::{AnyIndex, Index};
 pub use init::Initializer;
 pub use key::{escape_nonunique, key_family, IpPrefix, Key, KeyLayout};

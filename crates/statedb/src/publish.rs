@@ -64,7 +64,7 @@ use std::sync::atomic::AtomicU64 as StdAtomicU64;
 use parking_lot::{Mutex, MutexGuard};
 use triomphe::Arc;
 
-use crate::line::CacheLine;
+use crossbeam_utils::CachePadded;
 
 #[cfg(loom)]
 use loom::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicUsize, Ordering::*};
@@ -256,7 +256,7 @@ pub(crate) struct RootCell<T> {
     /// under loom: the models do not follow it.
     version: StdAtomicU64,
     /// Held by the one writer.
-    lock: CacheLine<Mutex<()>>,
+    lock: CachePadded<Mutex<()>>,
     _owns: PhantomData<Arc<T>>,
 }
 
@@ -270,7 +270,7 @@ impl<T> RootCell<T> {
         RootCell {
             ptr: AtomicPtr::new(Arc::into_raw(v).cast_mut()),
             version: StdAtomicU64::new(0),
-            lock: CacheLine(Mutex::new(())),
+            lock: CachePadded::new(Mutex::new(())),
             _owns: PhantomData,
         }
     }

@@ -14,13 +14,13 @@ use smallvec::SmallVec;
 
 use crate::changes::Tracker;
 use crate::index::{AnyIndex, Index, KeyBuf};
-use crate::key::{expand, expand_escaped, rev_key, Key, KeyLayout};
-use crate::line::CacheLine;
+use crate::key::{expand, rev_key, stored, stored_len, Key, KeyLayout};
 use crate::metrics::TableMetrics;
 use crate::object::Object;
 use crate::publish::PublishedRoot;
 use crate::txn::{ReadTxn, TxnRead, WriteTxn};
 use crate::{Error, Result, Revision};
+use crossbeam_utils::CachePadded;
 
 /// A stored object as tables and snapshots share it: `triomphe`'s `Arc`,
 /// which has no weak count (objects are immutable and never watched
@@ -156,7 +156,7 @@ pub struct TableMeta {
     pub(crate) id: usize,
     pub(crate) name: String,
     /// Written by every write transaction: kept off the lines readers load.
-    pub(crate) metrics: CacheLine<TableMetrics>,
+    pub(crate) metrics: CachePadded<TableMetrics>,
     pub(crate) layout: KeyLayout,
     /// A reader asked for revision order from a snapshot without a
     /// revision index: the next write transaction on the table builds one.
@@ -166,7 +166,8 @@ pub struct TableMeta {
 }
 
 /// A table of any object type: what [`crate::Db::write_txn`] locks.
-pub trait AnyTable {
+/// Sealed: only [`Table`] implements it.
+pub trait AnyTable: crate::sealed::Sealed {
     /// The table's name.
     fn name(&self) -> &str;
     #[doc(hidden)]
@@ -213,6 +214,8 @@ impl<T> std::fmt::Debug for Table<T> {
             .finish()
     }
 }
+
+impl<T> crate::sealed::Sealed for Table<T> {}
 
 impl<T> AnyTable for Table<T> {
     fn name(&self) -> &str {
@@ -659,23 +662,34 @@ fn check_len(index: &AnyIndex<impl Sized>, len: usize) -> Result<()> {
     }
 }
 
-/// The stored key of `k` in index `idx`: the key (unique) or
-/// `escape(k) ++ pk` (non-unique).
-fn stored<'b>(
-    layout: KeyLayout,
-    unique: bool,
-    k: &[u8],
-    pk: &[u8],
-    scratch: &'b mut Vec<u8>,
-) -> &'b [u8] {
-    scratch.clear();
-    if unique {
-        expand(layout, k, scratch);
-    } else {
-        expand_escaped(layout, k, true, scratch);
-        expand(layout, pk, scratch);
+/// Why a table write failed: refused before anything changed (the
+/// transaction goes on), or failed part-way, after its checks passed (the
+/// transaction may hold half of the write, so it is poisoned: it refuses
+/// further use and to commit). Only part's key-length error can fail a
+/// tree write, and every key is checked against [`stored_len`] first, so
+/// `PartWay` means a bug; it is not let through as a plain error.
+pub(crate) enum Failure {
+    /// Nothing was written.
+    Refused(Error),
+    /// Something may have been written.
+    PartWay(Error),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure::Refused(e)
     }
-    scratch
+}
+
+/// A tree write's error past the checks.
+fn part_way(index: &str) -> impl Fn(part::Error) -> Failure + '_ {
+    move |e| {
+        let mut e = Error::from(e);
+        if let Error::KeyTooLong { index: i, .. } = &mut e {
+            *i = index.to_string();
+        }
+        Failure::PartWay(e)
+    }
 }
 
 impl<T: Storable> TableTxn<T> {
@@ -745,12 +759,12 @@ impl<T: Storable> TableTxn<T> {
         mut value: T,
         merge: Option<Merge<'_, T>>,
         cas: Option<Revision>,
-    ) -> Result<Option<Obj<T>>> {
+    ) -> std::result::Result<Option<Obj<T>>, Failure> {
         let idx = &t.indexes;
         idx[0].keys_of(&value, &mut keys.new_keys[0]);
         check_len(
             &idx[0],
-            keys.new_keys[0].get(0).len() * self.layout.per_byte(),
+            stored_len(self.layout, true, keys.new_keys[0].get(0), 0),
         )?;
         keys.pk.clear();
         expand(self.layout, keys.new_keys[0].get(0), &mut keys.pk);
@@ -765,12 +779,12 @@ impl<T: Storable> TableTxn<T> {
         };
         if let Some(expected) = cas {
             match &old {
-                None => return Err(Error::ObjectNotFound),
+                None => return Err(Failure::Refused(Error::ObjectNotFound)),
                 Some(o) if o.revision() != expected => {
-                    return Err(Error::RevisionMismatch {
+                    return Err(Failure::Refused(Error::RevisionMismatch {
                         expected,
                         found: o.revision(),
-                    })
+                    }))
                 }
                 Some(_) => {}
             }
@@ -780,33 +794,30 @@ impl<T: Storable> TableTxn<T> {
             let mut k = KeyBuf::default();
             idx[0].keys_of(&value, &mut k);
             if k.get(0) != keys.new_keys[0].get(0) {
-                return Err(Error::MergeChangedKey);
+                return Err(Failure::Refused(Error::MergeChangedKey));
             }
         }
         let pk_len = keys.new_keys[0].get(0).len();
         for (i, ix) in idx.iter().enumerate().skip(1) {
             ix.keys_of(&value, &mut keys.new_keys[i]);
             for k in keys.new_keys[i].iter() {
-                let len = if ix.is_unique() {
-                    k.len()
-                } else {
-                    k.len() + k.iter().filter(|&&b| b == 0).count() + 2 + pk_len
-                };
-                check_len(ix, len * self.layout.per_byte())?;
+                check_len(ix, stored_len(self.layout, ix.is_unique(), k, pk_len))?;
                 if ix.is_unique() {
                     let s = stored(self.layout, true, k, &[], &mut keys.scratch);
                     if let Some(e) = self.indexes[i].get(s) {
                         if old.as_ref().is_none_or(|o| !triomphe::Arc::ptr_eq(e, o)) {
-                            return Err(Error::UniqueConflict {
+                            return Err(Failure::Refused(Error::UniqueConflict {
                                 table: t.meta.name.clone(),
                                 index: ix.name().to_string(),
-                            });
+                            }));
                         }
                     }
                 }
             }
         }
-        // Nothing below fails: the keys are checked.
+        // Past the checks: a tree write cannot fail (every key was checked
+        // against `stored_len`); if one did, `Failure::PartWay` poisons the
+        // transaction rather than leave half a write to commit.
         let rev = self.revision + 1;
         let new = |old: Option<&Obj<T>>| {
             let created = old.map_or(rev, |o| o.created_revision());
@@ -819,17 +830,21 @@ impl<T: Storable> TableTxn<T> {
         let kept = if look_first {
             let obj = new(old.as_ref());
             let kept = fan_out.then(|| obj.clone());
-            self.indexes[0].insert(&keys.pk, obj)?;
+            self.indexes[0]
+                .insert(&keys.pk, obj)
+                .map_err(part_way(idx[0].name()))?;
             kept
         } else {
             let mut kept = None;
-            old = self.indexes[0].modify(&keys.pk, |o| {
-                let obj = new(o);
-                if fan_out {
-                    kept = Some(obj.clone());
-                }
-                obj
-            })?;
+            old = self.indexes[0]
+                .modify(&keys.pk, |o| {
+                    let obj = new(o);
+                    if fan_out {
+                        kept = Some(obj.clone());
+                    }
+                    obj
+                })
+                .map_err(part_way(idx[0].name()))?;
             kept
         };
         self.revision = rev;
@@ -841,7 +856,8 @@ impl<T: Storable> TableTxn<T> {
             if let Some(o) = &old {
                 r.delete(&rev_key(o.revision()));
             }
-            r.insert(&rev_key(rev), obj.clone())?;
+            r.insert(&rev_key(rev), obj.clone())
+                .map_err(part_way("revision"))?;
         }
         for (i, ix) in idx.iter().enumerate().skip(1) {
             let unique = ix.is_unique();
@@ -856,7 +872,9 @@ impl<T: Storable> TableTxn<T> {
             }
             for k in keys.new_keys[i].iter() {
                 let s = stored(self.layout, unique, k, pk, &mut keys.scratch);
-                self.indexes[i].insert(s, obj.clone())?;
+                self.indexes[i]
+                    .insert(s, obj.clone())
+                    .map_err(part_way(ix.name()))?;
             }
         }
         Ok(old)
@@ -869,21 +887,21 @@ impl<T: Storable> TableTxn<T> {
         t: &TableInner<T>,
         pk: &[u8],
         cas: Option<Revision>,
-    ) -> Result<Option<Obj<T>>> {
+    ) -> std::result::Result<Option<Obj<T>>, Failure> {
         keys.pk.clear();
         expand(self.layout, pk, &mut keys.pk);
         let Some(old) = self.indexes[0].get(&keys.pk).cloned() else {
             return match cas {
-                Some(_) => Err(Error::ObjectNotFound),
+                Some(_) => Err(Failure::Refused(Error::ObjectNotFound)),
                 None => Ok(None),
             };
         };
         if let Some(expected) = cas {
             if old.revision() != expected {
-                return Err(Error::RevisionMismatch {
+                return Err(Failure::Refused(Error::RevisionMismatch {
                     expected,
                     found: old.revision(),
-                });
+                }));
             }
         }
         self.indexes[0].delete(&keys.pk);
@@ -900,13 +918,15 @@ impl<T: Storable> TableTxn<T> {
         self.revision += 1;
         if self.track_deletes {
             let k = rev_key(self.revision);
-            self.graveyard_txn(&t.empty_rare).insert(&k, old.clone())?;
+            self.graveyard_txn(&t.empty_rare)
+                .insert(&k, old.clone())
+                .map_err(part_way("graveyard"))?;
         }
         Ok(Some(old))
     }
 
     /// Deletes every object; returns how many.
-    pub(crate) fn delete_all(&mut self, t: &TableInner<T>) -> Result<usize> {
+    pub(crate) fn delete_all(&mut self, t: &TableInner<T>) -> std::result::Result<usize, Failure> {
         let n = self.indexes[0].len();
         if n == 0 {
             return Ok(0);
@@ -916,7 +936,9 @@ impl<T: Storable> TableTxn<T> {
             for o in all {
                 self.revision += 1;
                 let k = rev_key(self.revision);
-                self.graveyard_txn(&t.empty_rare).insert(&k, o)?;
+                self.graveyard_txn(&t.empty_rare)
+                    .insert(&k, o)
+                    .map_err(part_way("graveyard"))?;
             }
         } else {
             self.revision += n as u64;
@@ -1059,6 +1081,21 @@ impl<T: Storable> Table<T> {
 
     /// Inserts `obj`, or, if an object with its primary key exists, stores
     /// `merge(&existing, obj)` instead (it must keep the primary key).
+    ///
+    /// ```
+    /// use statedb::{Db, Index, Table};
+    ///
+    /// let db = Db::new();
+    /// let id = Index::unique("id", |c: &(u32, u32)| c.0);
+    /// let counters: Table<(u32, u32)> = db.create_table("counters", &id, &[]).unwrap();
+    /// let mut w = db.write_txn(&[&counters]).unwrap();
+    /// for _ in 0..3 {
+    ///     // Inserts (7, 1) the first time, then adds to the count.
+    ///     counters.modify(&mut w, (7, 1), |old, new| (old.0, old.1 + new.1)).unwrap();
+    /// }
+    /// let r = w.commit().unwrap();
+    /// assert_eq!(counters.get(&r, &id, &7).unwrap().unwrap().value(), &(7, 3));
+    /// ```
     pub fn modify(
         &self,
         txn: &mut WriteTxn,
@@ -1072,6 +1109,26 @@ impl<T: Storable> Table<T> {
 
     /// Replaces the object with `obj`'s primary key only if its revision is
     /// `revision`.
+    ///
+    /// ```
+    /// use statedb::{Db, Error, Index, Table};
+    ///
+    /// let db = Db::new();
+    /// let id = Index::unique("id", |c: &(u32, &'static str)| c.0);
+    /// let t: Table<(u32, &'static str)> = db.create_table("t", &id, &[]).unwrap();
+    /// let mut w = db.write_txn(&[&t]).unwrap();
+    /// t.insert(&mut w, (1, "a")).unwrap();
+    /// let r = w.commit().unwrap();
+    /// let seen = t.get(&r, &id, &1).unwrap().unwrap().revision();
+    ///
+    /// let mut w = db.write_txn(&[&t]).unwrap();
+    /// t.compare_and_swap(&mut w, seen, (1, "b")).unwrap();
+    /// // The object changed since `seen` was read: refused, nothing written.
+    /// let e = t.compare_and_swap(&mut w, seen, (1, "c")).unwrap_err();
+    /// assert!(matches!(e, Error::RevisionMismatch { .. }));
+    /// let r = w.commit().unwrap();
+    /// assert_eq!(t.get(&r, &id, &1).unwrap().unwrap().value().1, "b");
+    /// ```
     pub fn compare_and_swap(
         &self,
         txn: &mut WriteTxn,
@@ -1080,7 +1137,7 @@ impl<T: Storable> Table<T> {
     ) -> Result<Obj<T>> {
         txn.with_table(self, |s, k| {
             s.upsert(k, &self.inner, obj, None, Some(revision))
-                .and_then(|o| o.ok_or(Error::ObjectNotFound))
+                .and_then(|o| o.ok_or(Failure::Refused(Error::ObjectNotFound)))
         })
     }
 
@@ -1126,7 +1183,7 @@ impl<T: Storable> Table<T> {
         self.inner.indexes[0].keys_of(obj, &mut pk);
         txn.with_table(self, |s, k| {
             s.delete_pk(k, &self.inner, pk.get(0), Some(revision))
-                .and_then(|o| o.ok_or(Error::ObjectNotFound))
+                .and_then(|o| o.ok_or(Failure::Refused(Error::ObjectNotFound)))
         })
     }
 
@@ -1400,7 +1457,7 @@ impl<T: Storable> Table<T> {
                 })
                 .collect(),
         };
-        serde_json::to_writer(w, &dump).map_err(|e| Error::Json(e.to_string()))
+        serde_json::to_writer(w, &dump).map_err(Error::from)
     }
 
     /// The table as a JSON string; see [`Table::write_json`].
@@ -1410,7 +1467,9 @@ impl<T: Storable> Table<T> {
     {
         let mut out = Vec::new();
         self.write_json(txn, &mut out)?;
-        String::from_utf8(out).map_err(|e| Error::Json(e.to_string()))
+        // serde_json writes UTF-8 only.
+        Ok(String::from_utf8(out)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
 }
 

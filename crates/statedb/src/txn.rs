@@ -16,13 +16,14 @@ use smallvec::SmallVec;
 
 use crate::db::{DbInner, Roots, SharedRoots};
 use crate::table::{
-    KeyScratch, Storable, Table, TableMeta, TableRoot, TableTxn, TableTxnDyn, View, WriterState,
+    Failure, KeyScratch, Storable, Table, TableMeta, TableRoot, TableTxn, TableTxnDyn, View,
+    WriterState,
 };
 use crate::{Error, Result};
 
 /// Something tables can be read through: a [`ReadTxn`] or a [`WriteTxn`]
-/// (which sees its own writes).
-pub trait TxnRead {
+/// (which sees its own writes). Sealed: only those two implement it.
+pub trait TxnRead: crate::sealed::Sealed {
     #[doc(hidden)]
     fn view<'a, T: Storable>(&'a self, table: &Table<T>) -> Result<View<'a, T>>;
 }
@@ -112,6 +113,8 @@ impl ReadTxn {
         root_of(self.db_uid, &self.roots, &table.inner.meta)
     }
 }
+
+impl crate::sealed::Sealed for ReadTxn {}
 
 impl TxnRead for ReadTxn {
     #[inline]
@@ -206,17 +209,26 @@ impl WriteTxn<'_> {
     pub(crate) fn with_table<T: Storable, R>(
         &mut self,
         table: &Table<T>,
-        f: impl FnOnce(&mut TableTxn<T>, &mut KeyScratch) -> Result<R>,
+        f: impl FnOnce(&mut TableTxn<T>, &mut KeyScratch) -> std::result::Result<R, Failure>,
     ) -> Result<R> {
         let i = self.locked_index(&table.inner.meta)?;
         self.ensure_state::<T>(i)?;
         // A panic inside `f` leaves `poisoned` set (the txn is dropped while
-        // unwinding, or refuses to commit if the panic was caught).
+        // unwinding, or refuses to commit if the panic was caught), and so
+        // does a write that failed part-way.
         self.poisoned = true;
         let (state, keys) = state_cast(&mut self.locked, i)?;
-        let r = f(state, keys);
-        self.poisoned = false;
-        r
+        match f(state, keys) {
+            Ok(r) => {
+                self.poisoned = false;
+                Ok(r)
+            }
+            Err(Failure::Refused(e)) => {
+                self.poisoned = false;
+                Err(e)
+            }
+            Err(Failure::PartWay(e)) => Err(e),
+        }
     }
 
     /// Index of the table's entry in `locked`, after checking the
@@ -367,6 +379,8 @@ impl Drop for WriteTxn<'_> {
         self.release();
     }
 }
+
+impl crate::sealed::Sealed for WriteTxn<'_> {}
 
 impl TxnRead for WriteTxn<'_> {
     fn view<'a, T: Storable>(&'a self, table: &Table<T>) -> Result<View<'a, T>> {

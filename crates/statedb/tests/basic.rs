@@ -456,10 +456,9 @@ fn graveyard_kept_until_every_consumer_is_past() {
 
 #[test]
 fn background_gc_collects() {
-    let db = Db::with_options(DbOptions {
-        gc_interval: Some(std::time::Duration::from_millis(5)),
-        ..Default::default()
-    });
+    let db = Db::with_options(
+        DbOptions::default().with_gc_interval(Some(std::time::Duration::from_millis(5))),
+    );
     let f = table_in(&db, "objs");
     let t = &f.table;
     let mut w = db.write_txn(&[t]).unwrap();
@@ -886,10 +885,7 @@ fn delete_then_reinsert_streams_in_order() {
 fn superseded_objects_are_freed() {
     use std::time::{Duration, Instant};
     for gc in [None, Some(Duration::from_millis(5))] {
-        let db = Db::with_options(DbOptions {
-            gc_interval: gc,
-            ..Default::default()
-        });
+        let db = Db::with_options(DbOptions::default().with_gc_interval(gc));
         let f = table_in(&db, "objs");
         let t = &f.table;
         let mut w = db.write_txn(&[t]).unwrap();
@@ -926,10 +922,9 @@ fn superseded_objects_are_freed() {
 /// A table whose database's collector wakes only after 64 retired
 /// versions or an hour (so, not within a test).
 fn idle_collector_table() -> Fixture {
-    let db = Db::with_options(DbOptions {
-        gc_interval: Some(std::time::Duration::from_secs(3600)),
-        ..Default::default()
-    });
+    let db = Db::with_options(
+        DbOptions::default().with_gc_interval(Some(std::time::Duration::from_secs(3600))),
+    );
     table_in(&db, "objs")
 }
 
@@ -1148,10 +1143,9 @@ fn changes_iter_borrows_what_next_copies_and_resumes_after_a_partial_read() {
 /// stream does, and the thread then frees what the consumer has processed.
 #[test]
 fn collector_starts_with_the_first_garbage() {
-    let db = Db::with_options(DbOptions {
-        gc_interval: Some(std::time::Duration::from_millis(5)),
-        ..DbOptions::default()
-    });
+    let db = Db::with_options(
+        DbOptions::default().with_gc_interval(Some(std::time::Duration::from_millis(5))),
+    );
     let f = table_in(&db, "objs");
     let t = &f.table;
     for id in 0..4 {

@@ -261,9 +261,7 @@ fn oversized_keys_nibble_layout() {
             "bytes",
             &by_bytes,
             &[],
-            statedb::TableOptions {
-                key_layout: statedb::KeyLayout::Nibbles,
-            },
+            statedb::TableOptions::default().with_key_layout(statedb::KeyLayout::Nibbles),
         )
         .unwrap();
     assert_eq!(t.key_layout(), statedb::KeyLayout::Nibbles);
@@ -290,7 +288,12 @@ fn json_errors_are_typed() {
     let mut w = db.write_txn(&[&t]).unwrap();
     t.insert(&mut w, Bad(1)).unwrap();
     let r = w.commit().unwrap();
-    assert!(matches!(t.to_json(&r).unwrap_err(), Error::Json(m) if m.contains("cannot serialize")));
+    let e = t.to_json(&r).unwrap_err();
+    assert!(matches!(&e, Error::Json(_)), "{e:?}");
+    assert!(e.to_string().contains("cannot serialize"), "{e}");
+    // The serializer's own error is kept as the source.
+    let source = std::error::Error::source(&e).expect("a source");
+    assert!(source.to_string().contains("cannot serialize"), "{source}");
 }
 
 /// Regression: `delete_key(&mut w, &1)` on a `u32` primary index passed an

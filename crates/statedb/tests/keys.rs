@@ -81,12 +81,12 @@ proptest! {
     fn non_unique_keys_never_leak(keys in prop::collection::vec(small_bytes(), 1..24),
                                   probes in prop::collection::vec(small_bytes(), 1..12),
                                   nibbles: bool) {
-        let db = Db::with_options(DbOptions { gc_interval: None, ..Default::default() });
+        let db = Db::with_options(DbOptions::default().with_gc_interval(None));
         let pk = Index::unique("pk", |o: &(u32, Vec<u8>)| o.0);
         let sk = Index::non_unique("sk", |o: &(u32, Vec<u8>)| o.1.clone());
         let key_layout = if nibbles { KeyLayout::Nibbles } else { KeyLayout::Bytes };
         let t = db
-            .create_table_with("t", &pk, &[sk.erase()], TableOptions { key_layout })
+            .create_table_with("t", &pk, &[sk.erase()], TableOptions::default().with_key_layout(key_layout))
             .unwrap();
         let mut w = db.write_txn(&[&t]).unwrap();
         for (i, k) in keys.iter().enumerate() {

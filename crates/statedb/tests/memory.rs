@@ -10,8 +10,7 @@
 // The benchmark suite's fixtures: Go's `testObject`, its tables.
 #[path = "../benches/common.rs"]
 mod common;
-#[path = "../../part/benches/support/live_bytes.rs"]
-mod live_bytes;
+use test_support::live_bytes;
 
 use common::{new_db_named, obj, tagged, Bench, TestObject};
 use live_bytes::live;
@@ -68,10 +67,7 @@ fn delete_all(db: &Db, table: &Table<TestObject>) {
 fn bytes_per_object_and_everything_freed_after_delete_all() {
     // No collector thread: nothing is deleted under a change stream except
     // in the last part, whose consumer is dropped before the deletes.
-    let db = Db::with_options(DbOptions {
-        gc_interval: None,
-        ..DbOptions::default()
-    });
+    let db = Db::with_options(DbOptions::default().with_gc_interval(None));
     // The tables, empty, and one transaction and one snapshot that set up
     // this thread's and the database's reusable parts (a spare root
     // vector, key buffers, the process's first chunk of reader slots).

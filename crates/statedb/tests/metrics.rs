@@ -84,10 +84,11 @@ impl Recorder for Capture {
 #[test]
 fn table_metrics_are_exported() {
     let rec = Capture::default();
-    let db = Db::with_options(DbOptions {
-        gc_interval: None,
-        time_one_in: 1,
-    });
+    let db = Db::with_options(
+        DbOptions::default()
+            .with_gc_interval(None)
+            .with_time_one_in(1),
+    );
     let f = metrics::with_local_recorder(&rec, || table_in(&db, "nodes"));
     let t = &f.table;
     let mut w = db.write_txn(&[t]).unwrap();
@@ -123,10 +124,11 @@ fn table_metrics_are_exported() {
 #[test]
 fn holds_and_commits_are_timed_one_in_n() {
     let rec = Capture::default();
-    let db = Db::with_options(DbOptions {
-        gc_interval: None,
-        time_one_in: 4,
-    });
+    let db = Db::with_options(
+        DbOptions::default()
+            .with_gc_interval(None)
+            .with_time_one_in(4),
+    );
     let f = metrics::with_local_recorder(&rec, || table_in(&db, "nodes"));
     for i in 0..10 {
         let mut w = db.write_txn(&[&f.table]).unwrap();
@@ -159,10 +161,11 @@ fn holds_and_commits_are_timed_one_in_n() {
         .is_some_and(|m| m >= s.commit.mean().unwrap()));
 
     // 0: nothing timed, everything counted.
-    let db = Db::with_options(DbOptions {
-        gc_interval: None,
-        time_one_in: 0,
-    });
+    let db = Db::with_options(
+        DbOptions::default()
+            .with_gc_interval(None)
+            .with_time_one_in(0),
+    );
     let f = table_in(&db, "quiet");
     for i in 0..3 {
         let mut w = db.write_txn(&[&f.table]).unwrap();

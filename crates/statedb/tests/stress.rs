@@ -26,10 +26,8 @@ fn tok(id: u32) -> Obj {
 
 #[test]
 fn concurrent_txns_and_consumers() {
-    let db = Db::with_options(DbOptions {
-        gc_interval: Some(Duration::from_millis(1)),
-        ..Default::default()
-    });
+    let db =
+        Db::with_options(DbOptions::default().with_gc_interval(Some(Duration::from_millis(1))));
     let layouts = [KeyLayout::Bytes, KeyLayout::Nibbles, KeyLayout::Bytes];
     let fs: Arc<Vec<Fixture>> = Arc::new(
         (0..3)
@@ -147,8 +145,8 @@ fn concurrent_txns_and_consumers() {
             let mut rng = StdRng::seed_from_u64(seed);
             for _ in 0..TXNS {
                 // Random lock order with repetitions.
-                let mut lock: Vec<usize> = (0..rng.gen_range(1..5))
-                    .map(|_| rng.gen_range(0..3))
+                let mut lock: Vec<usize> = (0..rng.random_range(1..5))
+                    .map(|_| rng.random_range(0..3))
                     .collect();
                 lock.shuffle(&mut rng);
                 let tables: Vec<&dyn AnyTable> = lock
@@ -156,19 +154,19 @@ fn concurrent_txns_and_consumers() {
                     .map(|&i| &fs[i].table as &dyn AnyTable)
                     .collect();
                 let mut w = db.write_txn(&tables).unwrap();
-                for _ in 0..rng.gen_range(1..8) {
-                    let ti = lock[rng.gen_range(0..lock.len())];
+                for _ in 0..rng.random_range(1..8) {
+                    let ti = lock[rng.random_range(0..lock.len())];
                     let t = &fs[ti].table;
-                    let id = rng.gen_range(0..64u32);
-                    let r = match rng.gen_range(0..10) {
+                    let id = rng.random_range(0..64u32);
+                    let r = match rng.random_range(0..10) {
                         0..=4 => t
                             .insert(
                                 &mut w,
                                 obj(
                                     id,
-                                    &format!("n{}", rng.gen_range(0..80)),
+                                    &format!("n{}", rng.random_range(0..80)),
                                     &["a"],
-                                    rng.gen_range(-2..2),
+                                    rng.random_range(-2..2),
                                 ),
                             )
                             .map(|_| ()),
@@ -201,7 +199,7 @@ fn concurrent_txns_and_consumers() {
                 }
                 if lock.contains(&0) && lock.contains(&1) {
                     // Move one token across.
-                    let id = rng.gen_range(TOKENS);
+                    let id = rng.random_range(TOKENS);
                     let (from, to) = if fs[0].table.get(&w, &fs[0].by_id, &id).unwrap().is_some() {
                         (0, 1)
                     } else {
@@ -210,7 +208,7 @@ fn concurrent_txns_and_consumers() {
                     fs[from].table.delete_key(&mut w, &id).unwrap().unwrap();
                     fs[to].table.insert(&mut w, tok(id)).unwrap();
                 }
-                if rng.gen_bool(0.1) {
+                if rng.random_bool(0.1) {
                     drop(w);
                     aborted.fetch_add(1, Ordering::Relaxed);
                 } else {

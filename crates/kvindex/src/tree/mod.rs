@@ -107,6 +107,22 @@ impl WorkerState {
         s
     }
 
+    /// Makes room for `more` new entries in the block map. hashbrown, left
+    /// to itself, doubles its table whenever the live entries are past half
+    /// of it, counting the tombstones removals leave as used: a worker whose
+    /// cache churns at a steady size then keeps two to four buckets per
+    /// entry (17 bytes each). Rebuilt here at 1.25x what is needed instead,
+    /// which also drops the tombstones: amortized one move per removal.
+    fn reserve_blocks(&mut self, more: usize) {
+        if self.blocks.capacity() - self.blocks.len() >= more {
+            return;
+        }
+        let need = self.blocks.len() + more;
+        let mut fresh = FMap::with_capacity_and_hasher(need + need / 4, *self.blocks.hasher());
+        fresh.extend(self.blocks.drain());
+        self.blocks = fresh;
+    }
+
     /// Records `ext` at (`slot`, `depth`); false if `ext` is already known.
     #[inline]
     fn insert_block(&mut self, ext: ExternalHash, slot: u32, depth: u32) -> bool {
@@ -282,6 +298,8 @@ impl ConcurrentIndex {
 
     /// Structural statistics: (live nodes excluding the root, total run
     /// length, nodes with children allocated as a map). Walks the tree.
+    /// A test hook (feature `test-util`).
+    #[cfg(feature = "test-util")]
     pub fn tree_shape(&self) -> TreeShape {
         let mut shape = TreeShape::default();
         let mut stack = vec![Arc::clone(&self.root)];
@@ -313,10 +331,94 @@ impl ConcurrentIndex {
     }
 }
 
+impl ConcurrentIndex {
+    /// Heap bytes the index holds, as requested from the allocator
+    /// (allocator headers and fragmentation not included), by part. Walks
+    /// the tree under one read lock per node, so it costs about a `dump`
+    /// without the copying; call it at scrape intervals, not per request.
+    /// Nodes kept alive only by a worker's stale slot or a pending epoch
+    /// release are not counted.
+    pub fn heap_bytes(&self) -> HeapBytes {
+        use std::mem::size_of;
+        // An `Arc`'s allocation: two counts and the value.
+        let arc = |t: usize| 2 * size_of::<usize>() + t;
+        let mut h = HeapBytes::default();
+        let mut stack = vec![Arc::clone(&self.root)];
+        while let Some(n) = stack.pop() {
+            let g = n.read();
+            h.nodes += arc(size_of::<RwLock<Node>>());
+            if g.blocks.spilled() {
+                h.runs += g.blocks.capacity() * size_of::<LocalHash>();
+            }
+            if g.workers.spilled() {
+                h.worker_sets += g.workers.capacity() * size_of::<Wid>();
+            }
+            if let node::Children::Many(m) = &g.children {
+                h.child_maps += size_of::<node::ChildMap>() + m.allocation_size();
+            }
+            for (_, c) in g.children.iter() {
+                stack.push(Arc::clone(c));
+            }
+        }
+        for shard in self.workers.iter() {
+            // Copied out, so no worker's state is locked under the shard's.
+            let entries: Vec<Arc<WorkerEntry>> = {
+                let g = shard.read();
+                h.workers += g.allocation_size();
+                g.values().cloned().collect()
+            };
+            for e in entries {
+                let st = e.state.lock();
+                h.workers += arc(size_of::<WorkerEntry>());
+                h.block_maps += st.blocks.allocation_size();
+                h.node_tables += st.slots.capacity() * size_of::<Slot>()
+                    + st.free_slots.capacity() * size_of::<u32>()
+                    + st.slot_of.allocation_size();
+            }
+        }
+        h
+    }
+}
+
+/// Heap bytes of a [`ConcurrentIndex`] by part (see
+/// [`ConcurrentIndex::heap_bytes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeapBytes {
+    /// Tree nodes (the `Arc<RwLock<Node>>` allocations).
+    pub nodes: usize,
+    /// Runs longer than the inline two blocks.
+    pub runs: usize,
+    /// Worker sets longer than the inline four.
+    pub worker_sets: usize,
+    /// Child maps of nodes with two or more children.
+    pub child_maps: usize,
+    /// Per-worker maps from external hash to location.
+    pub block_maps: usize,
+    /// Per-worker node tables (slots, free list, address map).
+    pub node_tables: usize,
+    /// The worker map and per-worker entries.
+    pub workers: usize,
+}
+
+impl HeapBytes {
+    /// All parts together.
+    pub fn total(&self) -> usize {
+        self.nodes
+            + self.runs
+            + self.worker_sets
+            + self.child_maps
+            + self.block_maps
+            + self.node_tables
+            + self.workers
+    }
+}
+
 /// Releases the nodes whose release was deferred (unlinked while readers
 /// may have been walking them), as far as the readers pinned right now
 /// allow. Reclamation also runs on its own as threads pin and unpin; call
-/// this at a quiescent point, e.g. before measuring memory.
+/// this at a quiescent point, e.g. before measuring memory. A test hook
+/// (feature `test-util`).
+#[cfg(feature = "test-util")]
 pub fn reclaim_deferred() {
     // Each flush hands this thread's deferred releases to the global queue
     // and tries to advance the epoch; a release runs two epochs after it
@@ -347,6 +449,7 @@ impl Drop for ConcurrentIndex {
 }
 
 /// Shape of a [`ConcurrentIndex`] tree (see [`ConcurrentIndex::tree_shape`]).
+#[cfg(feature = "test-util")]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TreeShape {
     /// Live nodes, root excluded.

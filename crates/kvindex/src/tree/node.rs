@@ -29,7 +29,7 @@ pub(crate) type WorkerSet = SmallVec<[Wid; 4]>;
 /// Run of local hashes.
 pub(crate) type Run = SmallVec<[LocalHash; 2]>;
 
-type ChildMap = HashMap<LocalHash, Linked, foldhash::fast::RandomState>;
+pub(crate) type ChildMap = HashMap<LocalHash, Linked, foldhash::fast::RandomState>;
 
 /// A parent's reference to a child: the reference readers follow.
 ///

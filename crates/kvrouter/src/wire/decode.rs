@@ -5,7 +5,9 @@
 //!
 //! Each value's extent is found by a structural skip before it is
 //! interpreted, so a malformed element inside an event makes that event
-//! [`WireEvent::Invalid`] and never desynchronises the rest.
+//! [`WireEvent::Invalid`] and never desynchronises the rest. Token arrays
+//! of small unsigned integers (nearly all of a batch) are read and bounded
+//! in the same pass; any other token array takes the general path.
 use rmp::Marker;
 
 use super::{Batch, WireError, WireEvent, MAX_DEPTH};
@@ -214,6 +216,38 @@ impl<'a> Rd<'a> {
         Some(v)
     }
 
+    /// A token array in one pass, the bulk of a batch: an array of
+    /// unsigned integers of up to 32 bits, read and bounded together.
+    /// Anything else (another element type, too deep, truncated) is left
+    /// to the general path: `None`, the reader unmoved.
+    fn token_array(&mut self, depth: usize) -> Option<Vec<u32>> {
+        // An array's elements sit two levels below it and take one each.
+        if depth < 3 {
+            return None;
+        }
+        let start = *self;
+        let n = match self.item() {
+            Ok(Item::Array(n)) => n,
+            _ => {
+                *self = start;
+                return None;
+            }
+        };
+        // What the claimed length may reserve: the rest of the payload can
+        // be megabytes of something else, so grow past this as ids come.
+        let mut out = Vec::with_capacity(n.min(self.b.len()).min(1 << 14));
+        for _ in 0..n {
+            match self.small_uint() {
+                Some(t) => out.push(t),
+                None => {
+                    *self = start;
+                    return None;
+                }
+            }
+        }
+        Some(out)
+    }
+
     /// The bytes of the next whole value.
     fn value(&mut self, depth: usize) -> Result<&'a [u8], WireError> {
         let start = self.b;
@@ -339,20 +373,29 @@ fn decode_events(rd: &mut Rd<'_>, depth: usize) -> Result<Result<Vec<WireEvent>,
     Ok(Ok(out))
 }
 
-/// An event's fields, by position (array form) or name (map form).
-enum Fields<'a> {
+/// An event's fields, by position (array form) or name (map form), and
+/// its token ids when they were read with its structure.
+struct Fields<'a> {
+    by: By<'a>,
+    tokens: Option<Vec<u32>>,
+}
+
+enum By<'a> {
     Positional(Vec<&'a [u8]>),
     Named(Vec<(&'a str, &'a [u8])>),
 }
 
 impl<'a> Fields<'a> {
     fn get(&self, name: &str, pos: usize) -> Option<&'a [u8]> {
-        match self {
-            Fields::Positional(v) => v.get(pos).copied(),
-            Fields::Named(v) => v.iter().find(|(k, _)| *k == name).map(|(_, v)| *v),
+        match &self.by {
+            By::Positional(v) => v.get(pos).copied(),
+            By::Named(v) => v.iter().find(|(k, _)| *k == name).map(|(_, v)| *v),
         }
     }
 }
+
+/// The array form's position of `token_ids`.
+const TOKENS_AT: usize = 3;
 
 /// Positions of the array form read: the tag and eight fields.
 const POSITIONS: usize = 9;
@@ -370,17 +413,26 @@ fn decode_event(rd: &mut Rd<'_>, depth: usize) -> Result<WireEvent, WireError> {
     }
     *rd = peek;
     let inner = depth - 2;
-    let (tag, fields) = match head {
+    let mut tokens = None;
+    let (tag, by) = match head {
         Item::Array(n) => {
             let mut f = Vec::with_capacity(n.min(POSITIONS));
             for i in 0..n {
+                if i == TOKENS_AT {
+                    let at = rd.b;
+                    if let Some(t) = rd.token_array(inner) {
+                        tokens = Some(t);
+                        f.push(&at[..at.len() - rd.b.len()]);
+                        continue;
+                    }
+                }
                 if i < POSITIONS {
                     f.push(rd.value(inner)?);
                 } else {
                     rd.skip(inner)?;
                 }
             }
-            (f.first().copied(), Fields::Positional(f))
+            (f.first().copied(), By::Positional(f))
         }
         _ => {
             let Item::Map(n) = head else {
@@ -390,21 +442,34 @@ fn decode_event(rd: &mut Rd<'_>, depth: usize) -> Result<WireEvent, WireError> {
             let mut tag = None;
             for _ in 0..n {
                 let k = rd.value(inner)?;
-                let x = rd.value(inner)?;
-                if let Some(k) = str_of(&item_of(k)) {
+                let k = str_of(&item_of(k));
+                let at = rd.b;
+                // The first `token_ids` is the one read (as `get` finds).
+                let fused = if k == Some("token_ids") && tokens.is_none() {
+                    rd.token_array(inner)
+                } else {
+                    None
+                };
+                let x = if let Some(t) = fused {
+                    tokens = Some(t);
+                    &at[..at.len() - rd.b.len()]
+                } else {
+                    rd.value(inner)?
+                };
+                if let Some(k) = k {
                     if k == "type" && tag.is_none() {
                         tag = Some(x);
                     }
                     f.push((k, x));
                 }
             }
-            (tag, Fields::Named(f))
+            (tag, By::Named(f))
         }
     };
-    Ok(interpret(tag, &fields))
+    Ok(interpret(tag, Fields { by, tokens }))
 }
 
-fn interpret(tag: Option<&[u8]>, fields: &Fields<'_>) -> WireEvent {
+fn interpret(tag: Option<&[u8]>, mut fields: Fields<'_>) -> WireEvent {
     let invalid = |reason: String| WireEvent::Invalid { reason };
     let tag = match tag.map(item_of) {
         Some(Item::Str(s)) => match std::str::from_utf8(s) {
@@ -415,7 +480,7 @@ fn interpret(tag: Option<&[u8]>, fields: &Fields<'_>) -> WireEvent {
         None => return invalid("an event has no tag".into()),
     };
     let decoded = match tag {
-        "BlockStored" => stored(fields),
+        "BlockStored" => stored(&mut fields),
         "BlockRemoved" => (|| {
             Ok(WireEvent::Removed {
                 block_hashes: hashes(fields.get("block_hashes", 1), "block_hashes")?,
@@ -432,11 +497,14 @@ fn interpret(tag: Option<&[u8]>, fields: &Fields<'_>) -> WireEvent {
     })
 }
 
-fn stored(f: &Fields<'_>) -> Result<WireEvent, String> {
+fn stored(f: &mut Fields<'_>) -> Result<WireEvent, String> {
     Ok(WireEvent::Stored {
         block_hashes: hashes(f.get("block_hashes", 1), "block_hashes")?,
         parent: opt_hash(f.get("parent_block_hash", 2))?,
-        token_ids: tokens(f.get("token_ids", 3))?,
+        token_ids: match f.tokens.take() {
+            Some(t) => t,
+            None => tokens(f.get("token_ids", TOKENS_AT))?,
+        },
         block_size: block_size(f.get("block_size", 4))?,
         medium: opt_str(f.get("medium", 6), "medium")?,
         lora_name: opt_str(f.get("lora_name", 7), "lora_name")?,

@@ -428,6 +428,53 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// Token arrays, read in one pass where every id is a small
+        /// unsigned integer and by the general path otherwise, decode as
+        /// the oracle decodes them.
+        #[test]
+        fn token_arrays_equal_the_reference(
+            tokens in proptest::collection::vec(prop_oneof![
+                4 => (0u64..128).prop_map(Value::from),
+                2 => (128u64..1 << 32).prop_map(Value::from),
+                1 => any::<u64>().prop_map(Value::from),
+                1 => (-200i64..0).prop_map(Value::from),
+                1 => Just(Value::Nil),
+            ], 0..40),
+            as_map in any::<bool>(),
+            wrap in 0usize..3,
+        ) {
+            let n = tokens.len() as u64;
+            let mut toks = Value::Array(tokens);
+            for _ in 0..wrap {
+                toks = Value::Array(vec![toks]);
+            }
+            let hashes = Value::Array((0..n / 4).map(Value::from).collect());
+            let ev = if as_map {
+                Value::Map(vec![
+                    (Value::from("type"), Value::from("BlockStored")),
+                    (Value::from("block_hashes"), hashes),
+                    (Value::from("token_ids"), toks),
+                    (Value::from("block_size"), Value::from(4)),
+                ])
+            } else {
+                Value::Array(vec![Value::from("BlockStored"), hashes, Value::Nil, toks, Value::from(4)])
+            };
+            // Nested under the envelope at the depth limit's edge too.
+            let mut events = Value::Array(vec![ev]);
+            for _ in 0..wrap {
+                events = Value::Array(vec![Value::Nil, events]);
+            }
+            let b = enc(&Value::Array(vec![Value::F64(1.0), events]));
+            let fast = decode_batch(&b);
+            let slow = reference::decode_batch(&b);
+            match (fast, slow) {
+                (Ok(f), Ok(s)) => prop_assert_eq!(f.events, s.events),
+                (f, s) => prop_assert_eq!(f.is_ok(), s.is_ok(), "{:?} vs {:?}", f, s),
+            }
+        }
+    }
+
     #[test]
     fn bad_envelopes_are_errors() {
         let cases = [

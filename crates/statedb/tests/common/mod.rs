@@ -69,7 +69,7 @@ fn build(db: &Db, name: &str, layout: KeyLayout, unique_name: bool) -> Fixture {
             name,
             &by_id,
             &secondary,
-            TableOptions { key_layout: layout },
+            TableOptions::default().with_key_layout(layout),
         )
         .unwrap();
     Fixture {
@@ -85,10 +85,7 @@ fn build(db: &Db, name: &str, layout: KeyLayout, unique_name: bool) -> Fixture {
 /// A database without the background collector (tests collect when they
 /// say so).
 pub fn db_no_gc() -> Db {
-    Db::with_options(DbOptions {
-        gc_interval: None,
-        ..Default::default()
-    })
+    Db::with_options(DbOptions::default().with_gc_interval(None))
 }
 
 pub fn fixture() -> Fixture {

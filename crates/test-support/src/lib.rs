@@ -1,0 +1,7 @@
+//! Support shared by the workspace's tests, benches and examples: global
+//! allocators that count live bytes ([`live_bytes`]) or run mimalloc with
+//! small alignments on its plain path ([`fast_mimalloc`]). Not published.
+#![deny(missing_docs, unsafe_op_in_unsafe_fn)]
+
+pub mod fast_mimalloc;
+pub mod live_bytes;
