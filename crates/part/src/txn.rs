@@ -357,7 +357,7 @@ impl<V: Clone> Txn<V> {
             // The usual node of a large transaction first, in one step.
             if let Some((step, d)) = flat_step(slot, key, depth) {
                 let b = key[d];
-                match step {
+                let old = match step {
                     Flat::Descend => {
                         let (here, node) = crate::finger::pin(slot);
                         parent = (!is_root).then_some((here, depth));
@@ -367,101 +367,41 @@ impl<V: Clone> Txn<V> {
                         continue;
                     }
                     Flat::Add => {
-                        let Some(n) = slot.flat256_mut() else {
-                            unreachable!("a private flat node256")
-                        };
-                        n.slots.put_empty(b, Child::leaf(key, f(None)));
-                        n.len += 1;
+                        add_flat(slot, b, key, f);
                         self.len += 1;
                         if !is_root {
                             finger.set(NonNull::from(slot), key, depth);
                         }
                         return Ok(None);
                     }
-                    Flat::Replace => {
-                        let (here, node) = crate::finger::pin(slot);
-                        let old = match node.flat256_mut().and_then(|n| n.slots.get_mut_owned(b)) {
-                            Some(leaf) => replace_leaf(rec, leaf, key, f, false),
-                            None => unreachable!("an owned leaf"),
-                        };
-                        if !is_root {
-                            finger.set(here, key, depth);
-                        }
-                        return Ok(Some(old));
-                    }
-                    Flat::ReplaceBorrowed => {
-                        let (old, new) = borrowed_leaf_replacement(rec, slot, b, key, f);
-                        let Some(n) = slot.flat256_mut() else {
-                            unreachable!("a private flat node256")
-                        };
-                        n.slots.put(b, Some(new));
-                        if !is_root {
-                            finger.set(NonNull::from(slot), key, depth);
-                        }
-                        return Ok(Some(old));
-                    }
-                }
-            }
-            // Where does the key leave the path through this node?
-            let split = match slot.kind() {
-                Kind::Leaf(l) => {
-                    if l.h.bytes.eq_key(key) {
-                        let old = replace_leaf(rec, slot, key, f, is_root);
-                        if let Some((p, d)) = parent {
-                            finger.set(p, key, d);
-                        }
-                        return Ok(Some(old));
-                    }
-                    Some(common_prefix(&l.h.bytes[depth..], &key[depth..]))
-                }
-                _ if crate::bytes::starts_with(&key[depth..], slot.bytes()) => None,
-                _ => Some(common_prefix(slot.bytes(), &key[depth..])),
-            };
-            if let Some(cp) = split {
-                // A new inner node takes the common part; the old node and
-                // the new leaf hang below it.
-                let mut inner = Child::empty_inner(&key[depth..depth + cp]);
-                inner.place(depth + cp, Child::leaf(key, f(None)));
-                let mut old = std::mem::replace(slot, inner);
-                if !old.is_leaf() {
-                    // A root split off is superseded: its watch must fire
-                    // even when only the root is watched. Any other keeps
-                    // its contents: its watch carries on.
-                    let below = crate::bytes::small(old.bytes().get(cp..).unwrap_or_default());
-                    if !is_root {
-                        rec.moved(&mut old, depth + cp, below);
-                    } else if rec.all && !old.is_unique() {
-                        rec.split_root(&mut old, cp, below);
-                    } else {
-                        rec.make_mut(&mut old, true).header_mut().bytes = below;
-                        // Only a root may hold fewer than two entries (a
-                        // delete left it so): below the new root it merges
-                        // into its one entry.
-                        normalize(rec, &mut old);
-                    }
-                } else if is_root {
-                    // A one-key root (only with root-only watches): its
-                    // watch is the tree's, and it stays as the new root's
-                    // child, unchanged, so closing the watch is enough.
-                    rec.nodes.push(old.clone());
-                } else if rec.all {
-                    rec.push_down(&mut old, depth + cp);
-                }
-                slot.place(depth + cp, old);
-                self.len += 1;
+                    Flat::Replace => replace_flat(rec, slot, b, key, f),
+                    Flat::ReplaceBorrowed => replace_flat_borrowed(rec, slot, b, key, f),
+                };
                 if !is_root {
                     finger.set(NonNull::from(slot), key, depth);
                 }
-                return Ok(None);
+                return Ok(Some(old));
+            }
+            match leaves_at(slot, key, depth) {
+                Leaves::AtThisLeaf => {
+                    let old = replace_leaf(rec, slot, key, f, is_root);
+                    if let Some((p, d)) = parent {
+                        finger.set(p, key, d);
+                    }
+                    return Ok(Some(old));
+                }
+                Leaves::Inside(cp) => {
+                    split_segment(rec, slot, key, depth, cp, f, is_root);
+                    self.len += 1;
+                    if !is_root {
+                        finger.set(NonNull::from(slot), key, depth);
+                    }
+                    return Ok(None);
+                }
+                Leaves::Below => {}
             }
             if is_root && self.len == 0 && !rec.all {
-                // The first key of a tree with root-only watches becomes its
-                // root: a one-key tree is one leaf, and a transaction that
-                // rewrites its key copies and frees no inner node. (With
-                // per-node watches the root stays an inner node, whose
-                // watch must not fire for a change to that key.)
-                let leaf = Child::leaf(key, f(None));
-                rec.nodes.push(std::mem::replace(slot, leaf));
+                first_key_as_root(rec, slot, key, f);
                 // The old root leaves the tree: no finger may point into it.
                 finger.clear();
                 self.len = 1;
@@ -471,18 +411,7 @@ impl<V: Clone> Txn<V> {
             let top = depth;
             depth += slot.seg_len();
             if depth == key.len() {
-                let term = slot.get_mut().and_then(NodeMut::terminal_mut);
-                let Some(term) = term else {
-                    unreachable!("a private inner node")
-                };
-                return Ok(match term {
-                    Some(leaf) => Some(replace_leaf(rec, leaf, key, f, false)),
-                    None => {
-                        *term = Some(Child::leaf(key, f(None)));
-                        self.len += 1;
-                        None
-                    }
-                });
+                return Ok(write_terminal(rec, &mut self.len, slot, key, f));
             }
             let b = key[depth];
             if slot.find_child(b).is_none() {
@@ -494,18 +423,13 @@ impl<V: Clone> Txn<V> {
                 return Ok(None);
             }
             slot.room_for_patch(b);
-            if slot.borrows_child(b) {
-                let found = slot.find_child(b).map(|c| c.kind());
-                if let Some(Kind::Leaf(l)) = found {
-                    if l.h.bytes.eq_key(key) {
-                        let (old, new) = borrowed_leaf_replacement(rec, slot, b, key, f);
-                        slot.replace_borrowed(b, Some(new));
-                        if !is_root {
-                            finger.set(NonNull::from(slot), key, top);
-                        }
-                        return Ok(Some(old));
-                    }
+            if borrows_leaf_of(slot, b, key) {
+                let (old, new) = borrowed_leaf_replacement(rec, slot, b, key, f);
+                slot.replace_borrowed(b, Some(new));
+                if !is_root {
+                    finger.set(NonNull::from(slot), key, top);
                 }
+                return Ok(Some(old));
             }
             // Descend through a raw pointer, which the finger may keep.
             let (here, node) = crate::finger::pin(slot);
@@ -793,6 +717,170 @@ fn flat_step<V>(slot: &mut Child<V>, key: &[u8], depth: usize) -> Option<(Flat, 
         Some(_) => Flat::Descend,
     };
     Some((step, d))
+}
+
+/// Where a key being written leaves the path at a node (see
+/// [`leaves_at`]).
+enum Leaves {
+    /// The node is the key's own leaf.
+    AtThisLeaf,
+    /// The key parts from the node's segment (or from another key's leaf)
+    /// after this many bytes: the node must be split there.
+    Inside(usize),
+    /// The key runs through the whole segment: the write goes below.
+    Below,
+}
+
+/// Where `key`, matched up to `depth`, leaves the path through the node in
+/// `slot`.
+#[inline(always)]
+fn leaves_at<V>(slot: &Child<V>, key: &[u8], depth: usize) -> Leaves {
+    match slot.kind() {
+        Kind::Leaf(l) => {
+            if l.h.bytes.eq_key(key) {
+                return Leaves::AtThisLeaf;
+            }
+            Leaves::Inside(common_prefix(&l.h.bytes[depth..], &key[depth..]))
+        }
+        _ if crate::bytes::starts_with(&key[depth..], slot.bytes()) => Leaves::Below,
+        _ => Leaves::Inside(common_prefix(slot.bytes(), &key[depth..])),
+    }
+}
+
+/// Adds the leaf of `key` under byte `b` of the private flat node256 in
+/// `slot` ([`Flat::Add`]).
+#[inline(always)]
+fn add_flat<V: Clone, F: FnOnce(Option<&V>) -> V>(slot: &mut Child<V>, b: u8, key: &[u8], f: F) {
+    let Some(n) = slot.flat256_mut() else {
+        unreachable!("a private flat node256")
+    };
+    n.slots.put_empty(b, Child::leaf(key, f(None)));
+    n.len += 1;
+}
+
+/// Rewrites the leaf the private flat node256 in `slot` owns under byte `b`
+/// ([`Flat::Replace`]): the old value.
+#[inline(always)]
+fn replace_flat<V: Clone, F: FnOnce(Option<&V>) -> V>(
+    rec: &mut Recorder<V>,
+    slot: &mut Child<V>,
+    b: u8,
+    key: &[u8],
+    f: F,
+) -> V {
+    match slot.flat256_mut().and_then(|n| n.slots.get_mut_owned(b)) {
+        Some(leaf) => replace_leaf(rec, leaf, key, f, false),
+        None => unreachable!("an owned leaf"),
+    }
+}
+
+/// Replaces the leaf the private flat node256 in `slot` borrows under byte
+/// `b` ([`Flat::ReplaceBorrowed`]): the old value.
+#[inline(always)]
+fn replace_flat_borrowed<V: Clone, F: FnOnce(Option<&V>) -> V>(
+    rec: &mut Recorder<V>,
+    slot: &mut Child<V>,
+    b: u8,
+    key: &[u8],
+    f: F,
+) -> V {
+    let (old, new) = borrowed_leaf_replacement(rec, slot, b, key, f);
+    let Some(n) = slot.flat256_mut() else {
+        unreachable!("a private flat node256")
+    };
+    n.slots.put(b, Some(new));
+    old
+}
+
+/// Splits the node in `slot` after `cp` bytes of its segment (from
+/// `depth`): a new inner node takes the common part, and the old node and
+/// the new leaf for `key` hang below it.
+#[inline(never)]
+fn split_segment<V: Clone, F: FnOnce(Option<&V>) -> V>(
+    rec: &mut Recorder<V>,
+    slot: &mut Child<V>,
+    key: &[u8],
+    depth: usize,
+    cp: usize,
+    f: F,
+    is_root: bool,
+) {
+    let mut inner = Child::empty_inner(&key[depth..depth + cp]);
+    inner.place(depth + cp, Child::leaf(key, f(None)));
+    let mut old = std::mem::replace(slot, inner);
+    if !old.is_leaf() {
+        // A root split off is superseded: its watch must fire even when
+        // only the root is watched. Any other keeps its contents: its watch
+        // carries on.
+        let below = crate::bytes::small(old.bytes().get(cp..).unwrap_or_default());
+        if !is_root {
+            rec.moved(&mut old, depth + cp, below);
+        } else if rec.all && !old.is_unique() {
+            rec.split_root(&mut old, cp, below);
+        } else {
+            rec.make_mut(&mut old, true).header_mut().bytes = below;
+            // Only a root may hold fewer than two entries (a delete left it
+            // so): below the new root it merges into its one entry.
+            normalize(rec, &mut old);
+        }
+    } else if is_root {
+        // A one-key root (only with root-only watches): its watch is the
+        // tree's, and it stays as the new root's child, unchanged, so
+        // closing the watch is enough.
+        rec.nodes.push(old.clone());
+    } else if rec.all {
+        rec.push_down(&mut old, depth + cp);
+    }
+    slot.place(depth + cp, old);
+}
+
+/// The first key of a tree with root-only watches becomes its root: a
+/// one-key tree is one leaf, and a transaction that rewrites its key copies
+/// and frees no inner node. (With per-node watches the root stays an inner
+/// node, whose watch must not fire for a change to that key.)
+#[inline(never)]
+fn first_key_as_root<V: Clone, F: FnOnce(Option<&V>) -> V>(
+    rec: &mut Recorder<V>,
+    root: &mut Child<V>,
+    key: &[u8],
+    f: F,
+) {
+    let leaf = Child::leaf(key, f(None));
+    rec.nodes.push(std::mem::replace(root, leaf));
+}
+
+/// Writes `key`'s value as the terminal of the private inner node in
+/// `slot`, whose segment ends where the key does: the old value, if any
+/// (`len` counts a new key).
+#[inline(always)]
+fn write_terminal<V: Clone, F: FnOnce(Option<&V>) -> V>(
+    rec: &mut Recorder<V>,
+    len: &mut usize,
+    slot: &mut Child<V>,
+    key: &[u8],
+    f: F,
+) -> Option<V> {
+    let term = slot.get_mut().and_then(NodeMut::terminal_mut);
+    let Some(term) = term else {
+        unreachable!("a private inner node")
+    };
+    match term {
+        Some(leaf) => Some(replace_leaf(rec, leaf, key, f, false)),
+        None => {
+            *term = Some(Child::leaf(key, f(None)));
+            *len += 1;
+            None
+        }
+    }
+}
+
+/// Whether the private node in `slot` borrows, under `b`, the leaf of
+/// `key` (written in place by [`borrowed_leaf_replacement`]).
+#[inline(always)]
+fn borrows_leaf_of<V>(slot: &Child<V>, b: u8, key: &[u8]) -> bool {
+    slot.borrows_child(b)
+        && matches!(slot.find_child(b).map(|c| c.kind()),
+            Some(Kind::Leaf(l)) if l.h.bytes.eq_key(key))
 }
 
 /// The slot of the child under `b` of the (private) node in `slot`.
