@@ -26,6 +26,50 @@ pub(super) const MAX_RUN: usize = 256;
 /// Deepest supported depth (runs are addressed with `u32` depths).
 const MAX_DEPTH: u64 = u32::MAX as u64 - 2;
 
+/// Where a Stored event's next block goes: `node` is write-locked and held
+/// whole by the worker (`None`: the root, not locked); `next` is the run
+/// offset past the last block matched.
+struct Cursor {
+    node: Option<WGuard>,
+    next: usize,
+}
+
+impl Cursor {
+    /// The depth of the next block.
+    #[inline(always)]
+    fn depth(&self) -> u64 {
+        match &self.node {
+            Some(x) => x.start as u64 + self.next as u64,
+            None => 0,
+        }
+    }
+
+    /// Whether the node's run continues with `b` (the worker holds it under
+    /// another external id). When the run continues with another block the
+    /// node is split there, so that `b` branches below its head.
+    #[inline(always)]
+    fn holds_next(&mut self, b: StoredBlock) -> bool {
+        if let Some(x) = self.node.as_mut() {
+            if self.next < x.blocks.len() {
+                if x.blocks[self.next] == b.local {
+                    return true;
+                }
+                split(x, self.next);
+            }
+        }
+        false
+    }
+}
+
+/// A Stored event's progress: the next block (`i`), the blocks stored so
+/// far, and the nodes the worker joined (merge candidates afterwards).
+struct Storing<'b> {
+    blocks: &'b [StoredBlock],
+    i: usize,
+    stored: u64,
+    touched: Vec<NodeRef>,
+}
+
 fn arc_of(g: &WGuard) -> NodeRef {
     Arc::clone(ArcRwLockWriteGuard::rwlock(g))
 }
@@ -106,83 +150,38 @@ impl ConcurrentIndex {
         parent: Option<ExternalHash>,
         blocks: &[StoredBlock],
     ) -> Result<(), ApplyError> {
-        let w = ws.id;
-        // Cursor: `cur` is write-locked and held whole by `w` (or is None =
-        // the root); `next` is the run offset where the next block goes.
-        let mut cur: Option<WGuard> = None;
-        let mut next = 0usize;
-        if let Some(p) = parent {
-            let g = ws.blocks.get(&p).copied().and_then(|loc| {
-                let d = loc.depth;
-                self.lock_loc(ws, loc).map(|g| (g, d))
-            });
-            match g {
-                Some((g, d)) if set_contains(&g.workers, w) => {
-                    next = (d - g.start) as usize + 1;
-                    cur = Some(g);
-                }
-                _ => {
-                    ws.stats.unknown_parents += 1;
-                    return Err(ApplyError::UnknownParent {
-                        worker: ev.worker,
-                        event_id: ev.event_id,
-                        parent: p,
-                    });
-                }
-            }
-        }
-        let mut touched: Vec<NodeRef> = Vec::new();
-        let mut stored = 0u64;
-        let mut i = 0usize;
-        while i < blocks.len() {
-            let b = blocks[i];
+        let mut cur = self.cursor_at_parent(ws, ev, parent)?;
+        let mut st = Storing {
+            blocks,
+            i: 0,
+            stored: 0,
+            touched: Vec::new(),
+        };
+        while let Some(&b) = blocks.get(st.i) {
             // A block the worker already holds under this id: a replay.
             // The chain continues from where that block lives.
             if let Some(&loc) = ws.blocks.get(&b.external) {
-                drop(cur.take());
-                match self.lock_loc(ws, loc) {
-                    Some(g) => {
-                        next = (loc.depth - g.start) as usize + 1;
-                        cur = Some(g);
-                    }
-                    None => {
-                        // Unreachable while the invariants hold; recover by
-                        // forgetting the entry and storing the block anew.
-                        ws.blocks.remove(&b.external);
-                        ws.unref(loc.slot);
-                        continue;
-                    }
+                if self.resume_at(ws, &mut cur, loc, b.external) {
+                    st.i += 1;
                 }
-                i += 1;
                 continue;
             }
-            let depth = match &cur {
-                Some(x) => x.start as u64 + next as u64,
-                None => 0,
-            };
-            if depth >= MAX_DEPTH {
-                ws.stats.blocks_stored += stored;
+            if cur.depth() >= MAX_DEPTH {
+                ws.stats.blocks_stored += st.stored;
                 return Err(ApplyError::TooDeep {
                     worker: ev.worker,
                     event_id: ev.event_id,
                     max: MAX_DEPTH,
                 });
             }
-            // Inside a run the worker holds whole.
-            if let Some(x) = cur.as_mut() {
-                if next < x.blocks.len() {
-                    if x.blocks[next] == b.local {
-                        // Already held under another external id: ignored.
-                        next += 1;
-                        i += 1;
-                        continue;
-                    }
-                    // Divergence inside the run: split, then branch below.
-                    split(x, next);
-                }
+            if cur.holds_next(b) {
+                // Already held under another external id: ignored.
+                cur.next += 1;
+                st.i += 1;
+                continue;
             }
-            // At the end of `cur`'s run: find or make the child for b.
-            let child = match &cur {
+            // At the end of the cursor's run: find or make the child for b.
+            let child = match &cur.node {
                 Some(x) => x.children.get(&b.local).map(|c| NodeRef::clone(c)),
                 None => self
                     .root
@@ -191,110 +190,190 @@ impl ConcurrentIndex {
                     .get(&b.local)
                     .map(|c| NodeRef::clone(c)),
             };
-            if let Some(c) = child {
-                let mut cg = c.write_arc();
-                if cg.dead {
-                    // Only possible when `cur` is the root (not locked):
-                    // the child was unlinked meanwhile. Retry.
-                    continue;
-                }
-                drop(cur.take());
-                if !set_contains(&cg.workers, w) {
-                    let mut m = 0usize;
-                    let slot = ws.slot_for(&c);
-                    while m < cg.blocks.len() && i + m < blocks.len() {
-                        let bb = blocks[i + m];
-                        if cg.blocks[m] != bb.local
-                            || !ws.insert_block(bb.external, slot, cg.start + m as u32)
-                        {
-                            break;
-                        }
-                        m += 1;
-                    }
-                    ws.free_if_unused(slot);
-                    debug_assert!(m > 0);
-                    if m < cg.blocks.len() {
-                        if cg.workers.is_empty() && cg.children.is_none() {
-                            // A workerless leaf (about to be unlinked by the
-                            // writer that emptied it): nobody holds its tail,
-                            // so drop the tail instead of splitting it off
-                            // into a new workerless leaf nobody would unlink.
-                            cg.blocks.truncate(m);
-                        } else {
-                            split(&mut cg, m);
-                        }
-                    }
-                    set_insert(&mut cg.workers, w);
-                    stored += m as u64;
-                    i += m;
-                    next = m;
-                    touched.push(Arc::clone(&c));
-                } else {
-                    next = 0;
-                }
-                cur = Some(cg);
-                continue;
+            match child {
+                Some(c) => self.enter_child(ws, &mut cur, c, &mut st),
+                None => self.extend_or_branch(ws, &mut cur, &mut st),
             }
-            // No child: extend in place or hang a new leaf.
-            let mut x = match cur.take() {
-                Some(x) => x,
-                None => {
-                    let r = self.root.write_arc();
-                    if r.children.get(&b.local).is_some() {
-                        continue; // raced with another writer; retry
-                    }
-                    r
-                }
-            };
-            let x_is_root = self.is_root(&arc_of(&x));
-            if !x_is_root
-                && x.children.is_none()
-                && x.workers.len() == 1
-                && x.workers[0] == w
-                && x.blocks.len() < MAX_RUN
-            {
-                // Sole holder of a leaf: append to its run.
-                let node = arc_of(&x);
-                let n = self.take_run(ws, &node, x.end(), blocks, i, &mut x.blocks);
-                stored += n as u64;
-                i += n;
-                next = x.blocks.len();
-                cur = Some(x);
-                continue;
-            }
-            let start = x.end();
-            let leaf = Arc::new(RwLock::new(Node {
-                start,
-                dead: false,
-                blocks: Run::new(),
-                workers: std::iter::once(w).collect(),
-                children: Children::None,
-                parent: Some(arc_of(&x)),
-                link: None,
-            }));
-            // Publish the leaf while holding its write lock, then release
-            // the (possibly shared, hot) parent before filling the run and
-            // the worker's map: nobody can observe the leaf until its run is
-            // complete, and the parent is locked only for the insertion.
-            let mut lg = leaf.write_arc();
-            x.children.insert(b.local, Arc::clone(&leaf));
-            drop(x);
-            let mut run = Run::new();
-            let n = self.take_run(ws, &leaf, start, blocks, i, &mut run);
-            debug_assert!(n > 0);
-            lg.blocks = run;
-            stored += n as u64;
-            i += n;
-            next = lg.blocks.len();
-            cur = Some(lg);
         }
         drop(cur);
-        ws.stats.blocks_stored += stored;
-        for n in touched {
+        ws.stats.blocks_stored += st.stored;
+        for n in st.touched {
             self.try_merge(&n);
             self.try_merge_into_parent(&n);
         }
         Ok(())
+    }
+
+    /// The cursor a Stored event starts from: the root, or the node holding
+    /// its parent block, which the worker must hold.
+    #[inline(always)]
+    fn cursor_at_parent(
+        &self,
+        ws: &mut WorkerState,
+        ev: &KvEvent,
+        parent: Option<ExternalHash>,
+    ) -> Result<Cursor, ApplyError> {
+        let Some(p) = parent else {
+            return Ok(Cursor {
+                node: None,
+                next: 0,
+            });
+        };
+        let g = ws.blocks.get(&p).copied().and_then(|loc| {
+            let d = loc.depth;
+            self.lock_loc(ws, loc).map(|g| (g, d))
+        });
+        match g {
+            Some((g, d)) if set_contains(&g.workers, ws.id) => Ok(Cursor {
+                next: (d - g.start) as usize + 1,
+                node: Some(g),
+            }),
+            _ => {
+                ws.stats.unknown_parents += 1;
+                Err(ApplyError::UnknownParent {
+                    worker: ev.worker,
+                    event_id: ev.event_id,
+                    parent: p,
+                })
+            }
+        }
+    }
+
+    /// Moves the cursor past the block the worker already holds at `loc`.
+    /// False when that location no longer resolves (unreachable while the
+    /// invariants hold): the entry is forgotten and the block is stored
+    /// anew.
+    #[inline(always)]
+    fn resume_at(
+        &self,
+        ws: &mut WorkerState,
+        cur: &mut Cursor,
+        loc: Loc,
+        external: ExternalHash,
+    ) -> bool {
+        drop(cur.node.take());
+        match self.lock_loc(ws, loc) {
+            Some(g) => {
+                cur.next = (loc.depth - g.start) as usize + 1;
+                cur.node = Some(g);
+                true
+            }
+            None => {
+                ws.blocks.remove(&external);
+                ws.unref(loc.slot);
+                false
+            }
+        }
+    }
+
+    /// Moves the cursor into child `c` of its node (for the next block):
+    /// the worker joins the blocks of the child's run that the event
+    /// continues with, the child split after them when the event diverges
+    /// inside its run.
+    #[inline(always)]
+    fn enter_child(&self, ws: &mut WorkerState, cur: &mut Cursor, c: NodeRef, st: &mut Storing) {
+        let mut cg = c.write_arc();
+        if cg.dead {
+            // Only possible when the cursor is at the root (not locked):
+            // the child was unlinked meanwhile. The caller retries.
+            return;
+        }
+        drop(cur.node.take());
+        if set_contains(&cg.workers, ws.id) {
+            cur.next = 0;
+            cur.node = Some(cg);
+            return;
+        }
+        let (blocks, i) = (st.blocks, st.i);
+        let mut m = 0usize;
+        let slot = ws.slot_for(&c);
+        while m < cg.blocks.len() && i + m < blocks.len() {
+            let bb = blocks[i + m];
+            if cg.blocks[m] != bb.local || !ws.insert_block(bb.external, slot, cg.start + m as u32)
+            {
+                break;
+            }
+            m += 1;
+        }
+        ws.free_if_unused(slot);
+        debug_assert!(m > 0);
+        if m < cg.blocks.len() {
+            if cg.workers.is_empty() && cg.children.is_none() {
+                // A workerless leaf (about to be unlinked by the writer that
+                // emptied it): nobody holds its tail, so drop the tail
+                // instead of splitting it off into a new workerless leaf
+                // nobody would unlink.
+                cg.blocks.truncate(m);
+            } else {
+                split(&mut cg, m);
+            }
+        }
+        set_insert(&mut cg.workers, ws.id);
+        st.stored += m as u64;
+        st.i += m;
+        st.touched.push(Arc::clone(&c));
+        cur.next = m;
+        cur.node = Some(cg);
+    }
+
+    /// No child for the next block: append to the cursor's run when the
+    /// worker is the sole holder of that leaf, else hang a new leaf below
+    /// it.
+    #[inline(always)]
+    fn extend_or_branch(&self, ws: &mut WorkerState, cur: &mut Cursor, st: &mut Storing) {
+        let local = st.blocks[st.i].local;
+        let mut x = match cur.node.take() {
+            Some(x) => x,
+            None => {
+                let r = self.root.write_arc();
+                if r.children.get(&local).is_some() {
+                    return; // raced with another writer; the caller retries
+                }
+                r
+            }
+        };
+        let w = ws.id;
+        let x_is_root = self.is_root(&arc_of(&x));
+        if !x_is_root
+            && x.children.is_none()
+            && x.workers.len() == 1
+            && x.workers[0] == w
+            && x.blocks.len() < MAX_RUN
+        {
+            // Sole holder of a leaf: append to its run.
+            let node = arc_of(&x);
+            let n = self.take_run(ws, &node, x.end(), st.blocks, st.i, &mut x.blocks);
+            st.stored += n as u64;
+            st.i += n;
+            cur.next = x.blocks.len();
+            cur.node = Some(x);
+            return;
+        }
+        let start = x.end();
+        let leaf = Arc::new(RwLock::new(Node {
+            start,
+            dead: false,
+            blocks: Run::new(),
+            workers: std::iter::once(w).collect(),
+            children: Children::None,
+            parent: Some(arc_of(&x)),
+            link: None,
+        }));
+        // Publish the leaf while holding its write lock, then release the
+        // (possibly shared, hot) parent before filling the run and the
+        // worker's map: nobody can observe the leaf until its run is
+        // complete, and the parent is locked only for the insertion.
+        let mut lg = leaf.write_arc();
+        x.children.insert(local, Arc::clone(&leaf));
+        drop(x);
+        let mut run = Run::new();
+        let n = self.take_run(ws, &leaf, start, st.blocks, st.i, &mut run);
+        debug_assert!(n > 0);
+        lg.blocks = run;
+        st.stored += n as u64;
+        st.i += n;
+        cur.next = lg.blocks.len();
+        cur.node = Some(lg);
     }
 
     /// Appends to `run` the blocks from `blocks[i..]` up to the first whose
