@@ -249,7 +249,12 @@ fn obj(u: &mut Unstructured) -> Result<O> {
 
 /// Ids in the order a query returned them.
 fn ids<'a>(it: statedb::Result<impl Iterator<Item = &'a statedb::Obj<O>>>) -> Vec<u32> {
-    it.unwrap().map(|o| o.id).collect()
+    vids(it.unwrap())
+}
+
+/// Ids in the order a query of a bound view (`Table::read`) returned them.
+fn vids<'a>(it: impl Iterator<Item = &'a statedb::Obj<O>>) -> Vec<u32> {
+    it.map(|o| o.id).collect()
 }
 
 /// A secondary index's entries as the model has them, sorted: an object
@@ -270,12 +275,16 @@ fn matching<K>(e: &[(K, u32)], f: impl Fn(&K) -> bool) -> Vec<u32> {
     e.iter().filter(|(k, _)| f(k)).map(|x| x.1).collect()
 }
 
-/// Every query kind on every index of `t` reads as `m`.
+/// Every query kind on every index of `t` reads as `m`, through the
+/// checked queries on `Table` and through the table's bound view alike.
 fn check(t: &T, txn: &impl TxnRead, m: &M) {
     let tb = &t.table;
+    let v = tb.read(txn).unwrap();
     assert_eq!(tb.len(txn).unwrap(), m.objs.len());
     assert_eq!(tb.revision(txn).unwrap(), m.rev);
+    assert_eq!((v.len(), v.revision()), (m.objs.len(), m.rev));
     assert_eq!(ids(tb.all(txn)), m.objs.keys().copied().collect::<Vec<_>>());
+    assert_eq!(vids(v.all()), m.objs.keys().copied().collect::<Vec<_>>());
     let mut probe: Vec<u32> = (0..=8).chain(m.objs.keys().copied()).collect();
     probe.push(u32::MAX);
     for id in probe {
@@ -286,8 +295,13 @@ fn check(t: &T, txn: &impl TxnRead, m: &M) {
             want.map(|(o, r, c)| (o, *r, *c)),
             "get id {id}"
         );
+        assert!(std::ptr::eq(
+            got.map_or(std::ptr::null(), |o| &**o),
+            v.get(&t.id, &id).map_or(std::ptr::null(), |o| &**o)
+        ));
         let lb: Vec<u32> = m.objs.range(id..).map(|x| *x.0).collect();
         assert_eq!(ids(tb.lower_bound(txn, &t.id, &id)), lb);
+        assert_eq!(vids(v.lower_bound(&t.id, &id)), lb);
     }
     // Names: unique in `a` (ordered by name), non-unique in `b` (by name,
     // then id); the model's own names are probes too.
@@ -297,29 +311,39 @@ fn check(t: &T, txn: &impl TxnRead, m: &M) {
     for p in &probes {
         let list = matching(&names, |k| k == p);
         assert_eq!(ids(tb.list(txn, &t.name, p.as_str())), list);
+        assert_eq!(vids(v.list(&t.name, p.as_str())), list);
         let got = tb.get(txn, &t.name, p.as_str()).unwrap().map(|o| o.id);
         assert_eq!(got, list.first().copied());
+        assert_eq!(v.get(&t.name, p.as_str()).map(|o| o.id), got);
         let pre = matching(&names, |k| k.starts_with(p.as_str()));
         assert_eq!(ids(tb.prefix(txn, &t.name, p.as_str())), pre, "prefix");
+        assert_eq!(vids(v.prefix(&t.name, p.as_str())), pre, "prefix");
         let lb = matching(&names, |k| k >= p);
         assert_eq!(ids(tb.lower_bound(txn, &t.name, p.as_str())), lb);
+        assert_eq!(vids(v.lower_bound(&t.name, p.as_str())), lb);
     }
     let groups = entries(m, |o| vec![o.group]);
     let probes = GROUPS.iter().chain(groups.iter().map(|x| &x.0));
     for g in probes {
         let list = matching(&groups, |k| k == g);
         assert_eq!(ids(tb.list(txn, &t.group, g)), list);
+        assert_eq!(vids(v.list(&t.group, g)), list);
         let lb = matching(&groups, |k| k >= g);
         assert_eq!(ids(tb.lower_bound(txn, &t.group, g)), lb, "group {g}");
+        assert_eq!(vids(v.lower_bound(&t.group, g)), lb, "group {g}");
     }
     if t.is_a {
         let tags = entries(m, |o| o.tags.clone());
         for p in TAGS {
-            assert_eq!(ids(tb.list(txn, &t.tags, p)), matching(&tags, |k| k == p));
+            let list = matching(&tags, |k| k == p);
+            assert_eq!(ids(tb.list(txn, &t.tags, p)), list);
+            assert_eq!(vids(v.list(&t.tags, p)), list);
             let pre = matching(&tags, |k| k.starts_with(p));
             assert_eq!(ids(tb.prefix(txn, &t.tags, p)), pre);
+            assert_eq!(vids(v.prefix(&t.tags, p)), pre);
             let lb = matching(&tags, |k| k.as_str() >= p);
             assert_eq!(ids(tb.lower_bound(txn, &t.tags, p)), lb);
+            assert_eq!(vids(v.lower_bound(&t.tags, p)), lb);
         }
         assert!(matches!(
             tb.get(txn, &t.aliases, &0),
@@ -333,8 +357,10 @@ fn check(t: &T, txn: &impl TxnRead, m: &M) {
             assert!(list.len() <= 1, "unique aliases {al:?}");
             let got = tb.get(txn, &t.aliases, &p).unwrap().map(|o| o.id);
             assert_eq!(got, list.first().copied());
+            assert_eq!(v.get(&t.aliases, &p).map(|o| o.id), got);
             let lb = matching(&al, |k| *k >= p);
             assert_eq!(ids(tb.lower_bound(txn, &t.aliases, &p)), lb);
+            assert_eq!(vids(v.lower_bound(&t.aliases, &p)), lb);
         }
     }
     let mut by_rev: Vec<(u64, u32)> = m.objs.values().map(|(o, r, _)| (*r, o.id)).collect();
@@ -342,6 +368,7 @@ fn check(t: &T, txn: &impl TxnRead, m: &M) {
     for from in [0, 1, m.rev / 2, m.rev, m.rev + 1] {
         let want = matching(&by_rev, |r| *r >= from);
         assert_eq!(ids(tb.list_revision(txn, from)), want);
+        assert_eq!(vids(v.list_revision(from)), want);
     }
     let pending: Vec<String> = m.pending.iter().map(|x| x.1.clone()).collect();
     assert_eq!(tb.pending_initializers(txn).unwrap(), pending);

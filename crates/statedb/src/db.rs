@@ -1,8 +1,9 @@
-//! The database: table registration, the published root, commit and
-//! graveyard collection.
+//! The database: table registration, the published root vector, commit
+//! and graveyard collection (reclaiming superseded versions is
+//! `reclaim.rs`).
 
 use std::any::Any;
-use std::cell::{Cell, OnceCell};
+use std::cell::OnceCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::Thread;
@@ -11,12 +12,12 @@ use std::time::Duration;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use quanta::Instant;
 use smallvec::SmallVec;
-use triomphe::UniqueArc;
 
 use crate::index::{AnyIndex, Index};
 use crate::key::KeyLayout;
 use crate::metrics::{TableMetrics, Timings};
 use crate::publish::RootCell;
+use crate::reclaim::{new_roots, recycle, thread_tag, Mailbox, MAILBOXES};
 use crate::table::{
     AnyTable, Finished, Storable, Table, TableInner, TableMeta, TableRoot, WriterState,
 };
@@ -59,7 +60,7 @@ pub(crate) struct Roots {
     chunks: SmallVec<[Arc<Chunk>; 3]>,
     /// [`thread_tag`] of the publishing thread, which allocated most of
     /// what this version alone holds (its commit's copied path).
-    by: u64,
+    pub(crate) by: u64,
 }
 
 // `head` first: the `Arc`'s two counts and the two inline roots are the
@@ -83,7 +84,7 @@ impl Roots {
     }
 
     /// Adds the root of the next table (`id == len()`).
-    fn push(&mut self, root: AnyRoot) {
+    pub(crate) fn push(&mut self, root: AnyRoot) {
         if let Some(slot) = self.head.iter_mut().find(|s| s.is_none()) {
             *slot = Some(root);
             return;
@@ -150,26 +151,6 @@ impl Roots {
             })
             .collect()
     }
-}
-
-static NEXT_THREAD_TAG: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    static THREAD_TAG: Cell<u64> = const { Cell::new(0) };
-}
-
-/// A number for the calling thread, unique in the process (0 is never
-/// one): one thread-local load where `std::thread::current()` would clone
-/// an `Arc`.
-fn thread_tag() -> u64 {
-    THREAD_TAG.with(|t| match t.get() {
-        0 => {
-            let tag = NEXT_THREAD_TAG.fetch_add(1, Ordering::Relaxed);
-            t.set(tag);
-            tag
-        }
-        tag => tag,
-    })
 }
 
 static NEXT_DB: AtomicU64 = AtomicU64::new(1);
@@ -276,21 +257,21 @@ pub(crate) struct DbInner {
     /// cell's writer) on the next pair.
     pub(crate) root: RootCell<Roots>,
     pub(crate) tables: RwLock<Vec<Arc<dyn TableOps>>>,
-    gc_thread: Mutex<Option<Thread>>,
-    closing: AtomicBool,
+    pub(crate) gc_thread: Mutex<Option<Thread>>,
+    pub(crate) closing: AtomicBool,
     /// Old snapshots a reader let go of last that another thread
     /// published, by publishing thread ([`thread_tag`] modulo their
     /// number): that thread frees them, or the background thread when a
     /// box fills and on its rounds (see `retire`).
-    mailboxes: Box<[CachePadded<Mailbox>]>,
+    pub(crate) mailboxes: Box<[CachePadded<Mailbox>]>,
     /// [`DbOptions::gc_interval`]: a collector is wanted (else everything is
     /// freed inline).
-    gc_every: Option<Duration>,
+    pub(crate) gc_every: Option<Duration>,
     /// `start_collector` ran (the collector thread runs, unless it could
     /// not be spawned).
-    collector_started: AtomicBool,
+    pub(crate) collector_started: AtomicBool,
     /// This database, for the collector thread `start_collector` spawns.
-    me: Weak<DbInner>,
+    pub(crate) me: Weak<DbInner>,
     /// [`DbOptions::time_one_in`].
     time_one_in: u32,
 }
@@ -605,177 +586,7 @@ fn lock_spinning(lock: &Mutex<WriterState>, since: Instant) -> MutexGuard<'_, Wr
 /// How long a waiting writer spins before it parks.
 const LOCK_SPIN: Duration = Duration::from_micros(20);
 
-fn gc_loop(weak: Weak<DbInner>, every: Duration) {
-    loop {
-        std::thread::park_timeout(every);
-        let Some(db) = weak.upgrade() else { return };
-        if db.closing.load(Ordering::SeqCst) {
-            return;
-        }
-        for mb in db.mailboxes.iter() {
-            drop(mb.take());
-        }
-        db.collect_garbage();
-    }
-}
-
-/// Retired roots in one mailbox past which a reader frees what it retires
-/// itself (the background thread is behind).
-const RETIRE_MAX: usize = 4096;
-/// Retired roots in one mailbox at which the background thread is woken
-/// (its owner does not empty it: it stopped writing and reading, or left).
-const RETIRE_WAKE: usize = 64;
-thread_local! {
-    /// The allocation of the last root vector this thread superseded or let
-    /// go of while no reader held it, emptied, for its next commit to build
-    /// a vector in (any database's: the allocation is all that is kept). A
-    /// write transaction then allocates and frees one thing less, and lets
-    /// go of the old vector with a load instead of two locked decrements.
-    /// Per thread rather than under the commit lock: the reuse then needs
-    /// no lock, and the old contents are dropped in place after the locks.
-    static SPARE: Cell<Option<UniqueArc<Roots>>> = const { Cell::new(None) };
-}
-
-/// A root vector to publish, filled in this thread's spare allocation if
-/// it has one.
-fn new_roots(fill: impl FnOnce(&mut Roots)) -> SharedRoots {
-    // `try_with`: from a thread-local destructor the spare may be gone.
-    let mut u = (SPARE.try_with(Cell::take).ok().flatten())
-        .unwrap_or_else(|| UniqueArc::new(Roots::default()));
-    fill(&mut u);
-    u.shareable()
-}
-
-/// Lets go of a superseded root vector: when no reader holds it, its
-/// contents are dropped here and the allocation kept as this thread's
-/// spare; else the last reader frees it.
-fn recycle(old: SharedRoots) {
-    // `try_unique` loads the count with Acquire: the readers' releases
-    // (Release decrements) happen before the contents are dropped. The
-    // swap that superseded it paid the readers' slots that held it
-    // (`publish.rs`), so no reader can still be between its load and its
-    // increment.
-    if let Ok(mut u) = triomphe::Arc::try_unique(old) {
-        *u = Roots::default();
-        // Dropped with the closure if the spare is gone (see `new_roots`).
-        let _ = SPARE.try_with(move |s| s.set(Some(u)));
-    }
-}
-
-/// Mailboxes per database; threads whose tags share a remainder share one.
-const MAILBOXES: usize = 8;
-
-/// Snapshots waiting to be freed by the thread that published them.
-#[derive(Default)]
-struct Mailbox {
-    /// Set (under the lock) when something is pushed, cleared when the
-    /// box is emptied: its owner looks at this alone while it is empty.
-    full: AtomicBool,
-    list: Mutex<Vec<SharedRoots>>,
-}
-
-impl Mailbox {
-    /// Empties the box (keeping its buffer, which another thread would
-    /// otherwise allocate again at its next push); the caller drops what
-    /// it held, outside the lock.
-    fn take(&self) -> SmallVec<[SharedRoots; 8]> {
-        let mut l = self.list.lock();
-        self.full.store(false, Ordering::Relaxed);
-        l.drain(..).collect()
-    }
-}
-
 impl DbInner {
-    /// Lets go of a snapshot on a reader's behalf: if others still hold
-    /// it the last one frees it; if this was the last reference and this
-    /// thread published it, it is freed here (where most of what only it
-    /// holds was allocated: its commit's copied path); else it goes to the
-    /// mailbox of the thread that published it, which frees it at its next
-    /// commit or snapshot refresh (freed here when the options want no
-    /// collector thread to fall back on, or the box is full). The first
-    /// push starts the collector (`start_collector`).
-    pub(crate) fn retire(&self, old: SharedRoots) {
-        if SharedRoots::strong_count(&old) > 1 {
-            return;
-        }
-        if self.gc_every.is_none() {
-            recycle(old);
-            return;
-        }
-        if old.by == thread_tag() {
-            recycle(old);
-            self.free_own();
-            return;
-        }
-        let mb = &self.mailboxes[old.by as usize % MAILBOXES];
-        let wake = {
-            let mut l = mb.list.lock();
-            if l.len() >= RETIRE_MAX {
-                drop(l);
-                drop(old);
-                return;
-            }
-            l.push(old);
-            mb.full.store(true, Ordering::Relaxed);
-            l.len() == RETIRE_WAKE
-        };
-        self.start_collector();
-        if wake {
-            if let Some(t) = self.gc_thread.lock().clone() {
-                t.unpark();
-            }
-        }
-    }
-
-    /// Starts the collector thread if the options want one and it is not
-    /// running yet: a database that never has anything to collect (no
-    /// deletes under a change stream, no snapshot handed between threads)
-    /// starts no thread, and a single-threaded program stays one (glibc's
-    /// allocator then skips its atomic paths).
-    #[inline]
-    fn start_collector(&self) {
-        // Relaxed: a stale `false` only leads to the check under the lock.
-        if self.collector_started.load(Ordering::Relaxed) {
-            return;
-        }
-        self.spawn_collector();
-    }
-
-    #[cold]
-    fn spawn_collector(&self) {
-        let Some(every) = self.gc_every else { return };
-        let mut slot = self.gc_thread.lock();
-        if slot.is_some() || self.closing.load(Ordering::SeqCst) {
-            return;
-        }
-        let weak = self.me.clone();
-        if let Ok(h) = std::thread::Builder::new()
-            .name("statedb-gc".into())
-            .spawn(move || gc_loop(weak, every))
-        {
-            *slot = Some(h.thread().clone());
-        }
-        // Also when the spawn failed: not tried again; the mailboxes are
-        // then emptied by their owners, or inline once full.
-        self.collector_started.store(true, Ordering::Relaxed);
-    }
-
-    /// Frees what other threads left in this thread's mailbox.
-    #[inline]
-    pub(crate) fn free_own(&self) {
-        let mb = &self.mailboxes[thread_tag() as usize % MAILBOXES];
-        // Relaxed: a push this misses is freed next time, or by the
-        // background thread; the lock orders the list itself.
-        if mb.full.load(Ordering::Relaxed) {
-            drop(mb.take());
-        }
-    }
-
-    fn collect_garbage(&self) -> usize {
-        let tables: Vec<Arc<dyn TableOps>> = self.tables.read().clone();
-        tables.iter().map(|t| t.collect(self)).sum()
-    }
-
     /// Publishes one table's new root (the caller holds its lock).
     pub(crate) fn publish_one(&self, id: usize, root: Arc<dyn Any + Send + Sync>) {
         let old = {
@@ -934,35 +745,6 @@ mod tests {
 
     fn root(v: usize) -> AnyRoot {
         Arc::new(v)
-    }
-
-    /// A thread builds its next vector in the allocation of one it let go
-    /// of only if no reader held that one, and the old contents are
-    /// dropped when it is taken back.
-    #[test]
-    fn a_thread_reuses_only_a_vector_no_reader_holds() {
-        drop(SPARE.with(Cell::take));
-        let one = root(1);
-        let first = new_roots(|r| r.push(one.clone()));
-        let addr = |r: &SharedRoots| &**r as *const Roots;
-        let at = addr(&first);
-        let reader = first.clone();
-        recycle(first);
-        let spare_is_empty = || {
-            let s = SPARE.with(Cell::take);
-            let empty = s.is_none();
-            SPARE.with(|c| c.set(s));
-            empty
-        };
-        assert!(spare_is_empty(), "taken back under a reader");
-        assert_eq!(value(&reader, 0), Some(1));
-        recycle(reader);
-        assert!(!spare_is_empty());
-        assert_eq!(Arc::strong_count(&one), 1, "the old contents were dropped");
-        let second = new_roots(|r| r.push(root(2)));
-        assert_eq!(addr(&second), at);
-        assert_eq!((value(&second, 0), second.len()), (Some(2), 1));
-        assert!(spare_is_empty());
     }
 
     fn value(r: &Roots, id: usize) -> Option<usize> {

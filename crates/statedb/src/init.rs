@@ -8,10 +8,8 @@
 
 use std::sync::Arc;
 
-use part::Watch;
-
 use crate::table::{Storable, Table};
-use crate::txn::{ReadTxn, TxnRead, WriteTxn};
+use crate::txn::WriteTxn;
 use crate::{Error, Result};
 
 /// A registered initializer of one table; mark it done with
@@ -48,8 +46,8 @@ impl<T: Storable> Table<T> {
         writer.next_init_id += 1;
         let empty = &self.inner.empty_rare;
         state.pending_mut(empty).push((id, name.to_string()));
-        if !state.init_has(b"") {
-            state.init_txn(empty).insert(b"", ())?;
+        if !state.init_has(b"") && state.init_txn(empty).insert(b"", ()).is_err() {
+            unreachable!("the empty key fits");
         }
         Ok(Initializer {
             table_uid: uid,
@@ -80,27 +78,5 @@ impl<T: Storable> Table<T> {
             state.init_txn(empty).delete(b"");
         }
         Ok(())
-    }
-
-    /// Whether every registered initializer is done.
-    pub fn initialized(&self, txn: &impl TxnRead) -> Result<bool> {
-        Ok(txn.view(self)?.pending().is_empty())
-    }
-
-    /// Names of the initializers not yet done.
-    pub fn pending_initializers(&self, txn: &impl TxnRead) -> Result<Vec<String>> {
-        Ok(txn
-            .view(self)?
-            .pending()
-            .iter()
-            .map(|(_, n)| n.clone())
-            .collect())
-    }
-
-    /// [`Table::initialized`] and a watch that fires when it may change.
-    pub fn initialized_watch(&self, txn: &ReadTxn) -> Result<(bool, Watch)> {
-        let rare = txn.root(self)?.rare_or(&self.inner.empty_rare);
-        let (_, w) = rare.init.get_watch(b"");
-        Ok((rare.pending.is_empty(), w))
     }
 }

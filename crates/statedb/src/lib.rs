@@ -26,7 +26,12 @@
 //!   [`DbOptions::time_one_in`], 16 by default) and [`Table::to_json`]
 //!   dumps a table.
 //!
-//! Hot read loops can use a per-thread [`Reader`]; tables with small,
+//! Reads go through [`Table::read`], which binds a table to a snapshot
+//! (or a write transaction) and reports misuse there, once (a handle of
+//! another database, a finished transaction: see [`Error::is_misuse`]);
+//! its [`TableRead`] then answers every query with a plain `Option` or
+//! iterator. The same queries on [`Table`] check their handles on every
+//! call. Hot read loops can use a per-thread [`Reader`]; tables with small,
 //! frequent writes on dense keys can choose [`KeyLayout::Nibbles`].
 //! `docs/design.md` explains key encoding, locking, commit order and
 //! graveyard collection.
@@ -37,20 +42,23 @@
 //! #[derive(Clone, Debug, PartialEq)]
 //! struct Node { id: u64, name: String }
 //!
+//! # fn main() -> statedb::Result<()> {
 //! let db = Db::new();
 //! let by_id = Index::unique("id", |n: &Node| n.id);
 //! let by_name = Index::unique("name", |n: &Node| n.name.clone());
-//! let nodes: Table<Node> = db
-//!     .create_table("nodes", &by_id, &[by_name.erase()])
-//!     .unwrap();
+//! let nodes: Table<Node> = db.create_table("nodes", &by_id, &[by_name.erase()])?;
 //!
-//! let mut txn = db.write_txn(&[&nodes]).unwrap();
-//! nodes.insert(&mut txn, Node { id: 1, name: "a".into() }).unwrap();
-//! let rtxn = txn.commit().unwrap();
+//! let mut txn = db.write_txn(&[&nodes])?;
+//! nodes.insert(&mut txn, Node { id: 1, name: "a".into() })?;
+//! let rtxn = txn.commit()?;
 //!
-//! let n = nodes.get(&rtxn, &by_name, "a").unwrap().unwrap();
+//! let nodes_now = nodes.read(&rtxn)?; // the one check of the handles
+//! let n = nodes_now.get(&by_name, "a").expect("inserted above");
 //! assert_eq!(n.id, 1);
 //! assert_eq!(n.revision(), 1);
+//! assert!(nodes_now.get(&by_id, &2).is_none());
+//! # Ok(())
+//! # }
 //! ```
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 #![deny(unsafe_code)]
@@ -65,6 +73,8 @@ mod metrics;
 mod object;
 #[allow(unsafe_code)]
 mod publish;
+mod read;
+mod reclaim;
 mod table;
 mod txn;
 mod wait;
@@ -85,6 +95,7 @@ pub use key::{escape_nonunique, key_family, IpPrefix, Key, KeyLayout};
 pub use metrics::Timings;
 pub use object::Object;
 pub use part::{Watch, WatchSet};
+pub use read::TableRead;
 pub use table::{AnyTable, ByRevision, Obj, Objects, Storable, Table};
 pub use triomphe;
 pub use txn::{ReadTxn, Reader, TxnRead, WriteTxn};

@@ -1,9 +1,8 @@
 //! Tables: the handle, the committed per-table root, the per-table write
-//! state of a write transaction, and the queries.
+//! state of a write transaction, and the writes (the queries are in
+//! `read.rs`).
 
 use std::any::Any;
-use std::borrow::Borrow;
-use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -13,12 +12,12 @@ use quanta::Instant;
 use smallvec::SmallVec;
 
 use crate::changes::Tracker;
-use crate::index::{AnyIndex, Index, KeyBuf};
+use crate::index::{AnyIndex, KeyBuf};
 use crate::key::{expand, rev_key, stored, stored_len, Key, KeyLayout};
 use crate::metrics::TableMetrics;
 use crate::object::Object;
 use crate::publish::PublishedRoot;
-use crate::txn::{ReadTxn, TxnRead, WriteTxn};
+use crate::txn::WriteTxn;
 use crate::{Error, Result, Revision};
 use crossbeam_utils::CachePadded;
 
@@ -352,6 +351,14 @@ pub enum View<'a, T> {
     Txn(&'a TableTxn<T>),
 }
 
+impl<T> Clone for View<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for View<'_, T> {}
+
 impl<'a, T> View<'a, T> {
     #[inline]
     pub(crate) fn index(&self, i: usize) -> TreeRef<'a, Obj<T>> {
@@ -643,9 +650,7 @@ fn build_revisions<'a, T: 'a>(
 ) -> TreeTxn<Obj<T>> {
     let mut t = Tree::with_options(root_only()).txn();
     for o in sorted_by_revision(objects, 0) {
-        if t.insert(&rev_key(o.revision()), o.clone()).is_err() {
-            unreachable!("a revision key is 8 bytes");
-        }
+        insert_rev(&mut t, o.revision(), o.clone());
     }
     TreeTxn::Open(t)
 }
@@ -681,14 +686,16 @@ impl From<Error> for Failure {
     }
 }
 
-/// A tree write's error past the checks.
+/// A tree write's error past the checks, naming the index written.
 fn part_way(index: &str) -> impl Fn(part::Error) -> Failure + '_ {
-    move |e| {
-        let mut e = Error::from(e);
-        if let Error::KeyTooLong { index: i, .. } = &mut e {
-            *i = index.to_string();
-        }
-        Failure::PartWay(e)
+    move |e| Failure::PartWay(Error::from_part(e, index))
+}
+
+/// Writes `v` under revision `rev`'s key (the revision index, the
+/// graveyard): 8 bytes, so no length limit refuses it.
+fn insert_rev<V: Clone>(t: &mut part::Txn<V>, rev: Revision, v: V) {
+    if t.insert(&rev_key(rev), v).is_err() {
+        unreachable!("a revision key is 8 bytes");
     }
 }
 
@@ -856,8 +863,7 @@ impl<T: Storable> TableTxn<T> {
             if let Some(o) = &old {
                 r.delete(&rev_key(o.revision()));
             }
-            r.insert(&rev_key(rev), obj.clone())
-                .map_err(part_way("revision"))?;
+            insert_rev(r, rev, obj.clone());
         }
         for (i, ix) in idx.iter().enumerate().skip(1) {
             let unique = ix.is_unique();
@@ -917,10 +923,8 @@ impl<T: Storable> TableTxn<T> {
         }
         self.revision += 1;
         if self.track_deletes {
-            let k = rev_key(self.revision);
-            self.graveyard_txn(&t.empty_rare)
-                .insert(&k, old.clone())
-                .map_err(part_way("graveyard"))?;
+            let rev = self.revision;
+            insert_rev(self.graveyard_txn(&t.empty_rare), rev, old.clone());
         }
         Ok(Some(old))
     }
@@ -935,10 +939,8 @@ impl<T: Storable> TableTxn<T> {
             let all: Vec<Obj<T>> = self.indexes[0].iter().map(|(_, v)| v.clone()).collect();
             for o in all {
                 self.revision += 1;
-                let k = rev_key(self.revision);
-                self.graveyard_txn(&t.empty_rare)
-                    .insert(&k, o)
-                    .map_err(part_way("graveyard"))?;
+                let rev = self.revision;
+                insert_rev(self.graveyard_txn(&t.empty_rare), rev, o);
             }
         } else {
             self.revision += n as u64;
@@ -990,7 +992,7 @@ pub struct Objects<'a, T> {
 impl<'a, T> Objects<'a, T> {
     /// Forward scans walk leaf runs (see [`part::Iter::stepwise`] for the
     /// measurements).
-    fn new(it: part::Iter<'a, Obj<T>>) -> Self {
+    pub(crate) fn new(it: part::Iter<'a, Obj<T>>) -> Self {
         Objects { it }
     }
 }
@@ -1009,35 +1011,6 @@ impl<T> std::fmt::Debug for Objects<'_, T> {
     }
 }
 
-/// [`Table::get`] for the keys [`Index::fixed_point`] does not build:
-/// encoded through the per-thread scratch buffer, a non-unique index's
-/// first entry by prefix.
-#[inline(never)]
-fn get_encoded<'a, T, K, Q>(
-    tree: TreeRef<'a, Obj<T>>,
-    idx: &Index<T, K>,
-    layout: KeyLayout,
-    key: &Q,
-) -> Option<&'a Obj<T>>
-where
-    K: Borrow<Q>,
-    Q: Key + ?Sized,
-{
-    idx.with_encoded_point(layout, key, |k| {
-        if idx.is_unique() {
-            tree.get(k)
-        } else {
-            tree.scan(&Scan::Prefix(k.to_vec()), false)
-                .next()
-                .map(|(_, v)| v)
-        }
-    })
-}
-
-fn exact(k: Vec<u8>) -> Scan {
-    Scan::Range(Bound::Included(k.clone()), Bound::Included(k))
-}
-
 impl<T: Storable> Table<T> {
     /// The table's name.
     pub fn name(&self) -> &str {
@@ -1052,23 +1025,6 @@ impl<T: Storable> Table<T> {
     /// The table's indexes, the primary first.
     pub fn indexes(&self) -> &[AnyIndex<T>] {
         &self.inner.indexes
-    }
-
-    /// The position of `idx` in this table, or an error if it belongs
-    /// elsewhere.
-    #[inline]
-    fn pos<K>(&self, idx: &Index<T, K>) -> Result<usize> {
-        match idx.any().inner.slot.get() {
-            Some(&(uid, pos, _)) if uid == self.uid() => Ok(pos),
-            _ => Err(Error::IndexNotInTable {
-                index: idx.name().to_string(),
-                table: self.name().to_string(),
-            }),
-        }
-    }
-
-    fn uid(&self) -> u64 {
-        Arc::as_ptr(&self.inner.meta) as u64
     }
 
     // ---- writes -------------------------------------------------------
@@ -1190,286 +1146,6 @@ impl<T: Storable> Table<T> {
     /// Deletes every object; returns how many.
     pub fn delete_all(&self, txn: &mut WriteTxn) -> Result<usize> {
         txn.with_table(self, |s, _| s.delete_all(&self.inner))
-    }
-
-    // ---- reads --------------------------------------------------------
-
-    /// Number of objects.
-    pub fn len(&self, txn: &impl TxnRead) -> Result<usize> {
-        Ok(txn.view(self)?.index(0).len())
-    }
-
-    /// Whether the table is empty.
-    pub fn is_empty(&self, txn: &impl TxnRead) -> Result<bool> {
-        Ok(self.len(txn)? == 0)
-    }
-
-    /// The table's revision: that of its last write.
-    pub fn revision(&self, txn: &impl TxnRead) -> Result<Revision> {
-        Ok(txn.view(self)?.revision())
-    }
-
-    /// The object under `key` (the first one, by primary key, on a
-    /// non-unique index).
-    #[inline(always)]
-    pub fn get<'a, K, Q>(
-        &self,
-        txn: &'a impl TxnRead,
-        idx: &Index<T, K>,
-        key: &Q,
-    ) -> Result<Option<&'a Obj<T>>>
-    where
-        K: Borrow<Q>,
-        Q: Key + ?Sized,
-    {
-        let pos = self.pos(idx)?;
-        let tree = txn.view(self)?.index(pos);
-        // The common case, a unique index and a fixed-width key: the stored
-        // key is built on the stack and the whole lookup inlines into the
-        // caller (out of line, the call and the closure behind it cost ~35 of
-        // a point read's ~240 instructions).
-        if let Some(k) = idx.fixed_point(self.inner.layout, key, &mut [0u8; 32]) {
-            return Ok(tree.get(k));
-        }
-        Ok(get_encoded(tree, idx, self.inner.layout, key))
-    }
-
-    /// [`Table::get`] and a watch that fires when its result may change.
-    pub fn get_watch<'a, K, Q>(
-        &self,
-        txn: &'a ReadTxn,
-        idx: &Index<T, K>,
-        key: &Q,
-    ) -> Result<(Option<&'a Obj<T>>, Watch)>
-    where
-        K: Borrow<Q>,
-        Q: Key + ?Sized,
-    {
-        let pos = self.pos(idx)?;
-        let tree = &txn.root(self)?.indexes[pos];
-        Ok(idx.with_point(self.inner.layout, key, |k| {
-            if idx.is_unique() {
-                tree.get_watch(k)
-            } else {
-                let (mut it, w) = tree.prefix_watch(k);
-                (it.next().map(|(_, v)| v), w)
-            }
-        }))
-    }
-
-    /// Every object under `key`, by primary key (at most one on a unique
-    /// index).
-    pub fn list<'a, K, Q>(
-        &self,
-        txn: &'a impl TxnRead,
-        idx: &Index<T, K>,
-        key: &Q,
-    ) -> Result<Objects<'a, T>>
-    where
-        K: Borrow<Q>,
-        Q: Key + ?Sized,
-    {
-        let pos = self.pos(idx)?;
-        let tree = txn.view(self)?.index(pos);
-        let k = idx.point(self.inner.layout, key);
-        let scan = if idx.is_unique() {
-            exact(k)
-        } else {
-            Scan::Prefix(k)
-        };
-        Ok(Objects::new(tree.scan(&scan, false)))
-    }
-
-    /// [`Table::list`] and a watch that fires when its result may change.
-    pub fn list_watch<'a, K, Q>(
-        &self,
-        txn: &'a ReadTxn,
-        idx: &Index<T, K>,
-        key: &Q,
-    ) -> Result<(Objects<'a, T>, Watch)>
-    where
-        K: Borrow<Q>,
-        Q: Key + ?Sized,
-    {
-        let pos = self.pos(idx)?;
-        let tree = &txn.root(self)?.indexes[pos];
-        let k = idx.point(self.inner.layout, key);
-        if idx.is_unique() {
-            let (_, w) = tree.get_watch(&k);
-            Ok((Objects::new(tree.scan(&exact(k), false)), w))
-        } else {
-            let (it, w) = tree.prefix_watch(&k);
-            Ok((Objects::new(it), w))
-        }
-    }
-
-    /// Objects whose key in `idx` starts with `prefix`, in key order. On a
-    /// multi-key index an object appears once per matching key.
-    pub fn prefix<'a, K, Q>(
-        &self,
-        txn: &'a impl TxnRead,
-        idx: &Index<T, K>,
-        prefix: &Q,
-    ) -> Result<Objects<'a, T>>
-    where
-        K: Borrow<Q>,
-        Q: Key + ?Sized,
-    {
-        let pos = self.pos(idx)?;
-        let tree = txn.view(self)?.index(pos);
-        Ok(Objects::new(tree.scan(
-            &Scan::Prefix(idx.prefix(self.inner.layout, prefix)),
-            false,
-        )))
-    }
-
-    /// [`Table::prefix`] and a watch that fires when its result may change.
-    pub fn prefix_watch<'a, K, Q>(
-        &self,
-        txn: &'a ReadTxn,
-        idx: &Index<T, K>,
-        prefix: &Q,
-    ) -> Result<(Objects<'a, T>, Watch)>
-    where
-        K: Borrow<Q>,
-        Q: Key + ?Sized,
-    {
-        let pos = self.pos(idx)?;
-        let tree = &txn.root(self)?.indexes[pos];
-        let (it, w) = tree.prefix_watch(&idx.prefix(self.inner.layout, prefix));
-        Ok((Objects::new(it), w))
-    }
-
-    /// Objects whose key in `idx` is `>= key`, in key order.
-    pub fn lower_bound<'a, K, Q>(
-        &self,
-        txn: &'a impl TxnRead,
-        idx: &Index<T, K>,
-        key: &Q,
-    ) -> Result<Objects<'a, T>>
-    where
-        K: Borrow<Q>,
-        Q: Key + ?Sized,
-    {
-        let pos = self.pos(idx)?;
-        let tree = txn.view(self)?.index(pos);
-        Ok(Objects::new(tree.scan(
-            &Scan::LowerBound(idx.prefix(self.inner.layout, key)),
-            false,
-        )))
-    }
-
-    /// [`Table::lower_bound`] and a watch that fires on any change to the
-    /// index.
-    pub fn lower_bound_watch<'a, K, Q>(
-        &self,
-        txn: &'a ReadTxn,
-        idx: &Index<T, K>,
-        key: &Q,
-    ) -> Result<(Objects<'a, T>, Watch)>
-    where
-        K: Borrow<Q>,
-        Q: Key + ?Sized,
-    {
-        let pos = self.pos(idx)?;
-        let tree = &txn.root(self)?.indexes[pos];
-        Ok((
-            Objects::new(tree.scan(&Scan::LowerBound(idx.prefix(self.inner.layout, key)), false)),
-            tree.root_watch(),
-        ))
-    }
-
-    /// Every object, in primary-key order.
-    pub fn all<'a>(&self, txn: &'a impl TxnRead) -> Result<Objects<'a, T>> {
-        Ok(Objects::new(
-            txn.view(self)?.index(0).scan(&Scan::All, false),
-        ))
-    }
-
-    /// [`Table::all`] and a watch that fires on any change to the table.
-    pub fn all_watch<'a>(&self, txn: &'a ReadTxn) -> Result<(Objects<'a, T>, Watch)> {
-        let tree = &txn.root(self)?.indexes[0];
-        Ok((
-            Objects::new(tree.scan(&Scan::All, false)),
-            tree.root_watch(),
-        ))
-    }
-
-    /// Objects last written at revision `>= from`, in revision order.
-    ///
-    /// A table gets its revision index on first use: the first such read
-    /// of a table without one sorts its objects (O(n log n)), and the next
-    /// write transaction builds the index, which every later write keeps.
-    pub fn list_revision<'a>(
-        &self,
-        txn: &'a impl TxnRead,
-        from: Revision,
-    ) -> Result<ByRevision<'a, T>> {
-        Ok(txn.view(self)?.by_revision(from, &self.inner.meta))
-    }
-
-    /// [`Table::list_revision`] and a watch that fires on the table's next
-    /// write.
-    pub fn list_revision_watch<'a>(
-        &self,
-        txn: &'a ReadTxn,
-        from: Revision,
-    ) -> Result<(ByRevision<'a, T>, Watch)> {
-        let root = txn.root(self)?;
-        Ok((
-            View::Root(root).by_revision(from, &self.inner.meta),
-            root.changed_watch(),
-        ))
-    }
-
-    /// Number of deleted objects kept for change-stream consumers.
-    pub fn graveyard_len(&self, txn: &impl TxnRead) -> Result<usize> {
-        Ok(txn.view(self)?.graveyard().map_or(0, |g| g.len()))
-    }
-
-    /// Writes the table as JSON: `{"table", "revision", "objects": [{"revision",
-    /// "object"}]}` in primary-key order.
-    pub fn write_json(&self, txn: &impl TxnRead, w: impl std::io::Write) -> Result<()>
-    where
-        T: serde::Serialize,
-    {
-        #[derive(serde::Serialize)]
-        struct Row<'a, T> {
-            revision: Revision,
-            object: &'a T,
-        }
-        #[derive(serde::Serialize)]
-        struct Dump<'a, T> {
-            table: &'a str,
-            revision: Revision,
-            objects: Vec<Row<'a, T>>,
-        }
-        let view = txn.view(self)?;
-        let dump = Dump {
-            table: self.name(),
-            revision: view.revision(),
-            objects: view
-                .index(0)
-                .scan(&Scan::All, false)
-                .map(|(_, o)| Row {
-                    revision: o.revision(),
-                    object: o.value(),
-                })
-                .collect(),
-        };
-        serde_json::to_writer(w, &dump).map_err(Error::from)
-    }
-
-    /// The table as a JSON string; see [`Table::write_json`].
-    pub fn to_json(&self, txn: &impl TxnRead) -> Result<String>
-    where
-        T: serde::Serialize,
-    {
-        let mut out = Vec::new();
-        self.write_json(txn, &mut out)?;
-        // serde_json writes UTF-8 only.
-        Ok(String::from_utf8(out)
-            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
 }
 

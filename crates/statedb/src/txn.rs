@@ -24,6 +24,22 @@ use crate::{Error, Result};
 /// Something tables can be read through: a [`ReadTxn`] or a [`WriteTxn`]
 /// (which sees its own writes). Sealed: only those two implement it.
 pub trait TxnRead: crate::sealed::Sealed {
+    /// What a table bound to the transaction keeps ([`crate::TableRead`]):
+    /// a snapshot's committed root, or a write transaction's [`View`].
+    #[doc(hidden)]
+    type Bound<'a, T: Storable>: Copy
+    where
+        Self: 'a;
+    /// Checks that `table` can be read through the transaction and binds
+    /// it.
+    #[doc(hidden)]
+    fn bind<'a, T: Storable>(&'a self, table: &Table<T>) -> Result<Self::Bound<'a, T>>;
+    /// The view a bound table reads.
+    #[doc(hidden)]
+    fn bound_view<'a, T: Storable>(bound: Self::Bound<'a, T>) -> View<'a, T>
+    where
+        Self: 'a;
+    /// [`TxnRead::bind`], as a view.
     #[doc(hidden)]
     fn view<'a, T: Storable>(&'a self, table: &Table<T>) -> Result<View<'a, T>>;
 }
@@ -117,6 +133,21 @@ impl ReadTxn {
 impl crate::sealed::Sealed for ReadTxn {}
 
 impl TxnRead for ReadTxn {
+    type Bound<'a, T: Storable>
+        = &'a TableRoot<T>
+    where
+        Self: 'a;
+    #[inline]
+    fn bind<'a, T: Storable>(&'a self, table: &Table<T>) -> Result<&'a TableRoot<T>> {
+        self.root(table)
+    }
+    #[inline(always)]
+    fn bound_view<'a, T: Storable>(bound: &'a TableRoot<T>) -> View<'a, T>
+    where
+        Self: 'a,
+    {
+        View::Root(bound)
+    }
     #[inline]
     fn view<'a, T: Storable>(&'a self, table: &Table<T>) -> Result<View<'a, T>> {
         self.root(table).map(View::Root)
@@ -383,6 +414,20 @@ impl Drop for WriteTxn<'_> {
 impl crate::sealed::Sealed for WriteTxn<'_> {}
 
 impl TxnRead for WriteTxn<'_> {
+    type Bound<'a, T: Storable>
+        = View<'a, T>
+    where
+        Self: 'a;
+    fn bind<'a, T: Storable>(&'a self, table: &Table<T>) -> Result<View<'a, T>> {
+        self.view(table)
+    }
+    #[inline(always)]
+    fn bound_view<'a, T: Storable>(bound: View<'a, T>) -> View<'a, T>
+    where
+        Self: 'a,
+    {
+        bound
+    }
     fn view<'a, T: Storable>(&'a self, table: &Table<T>) -> Result<View<'a, T>> {
         if self.done {
             return Err(Error::TxnDone);

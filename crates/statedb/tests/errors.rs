@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use statedb::{Error, Index, IpPrefix};
+use statedb::{Error, Index, IpPrefix, KeyLayout};
 
 #[test]
 fn bad_table_names() {
@@ -187,6 +187,44 @@ fn oversized_keys() {
             .unwrap_err(),
         Error::KeyTooLong { .. }
     ));
+}
+
+/// A secondary-index key too long to store is refused naming that index
+/// (not the primary, nor an empty name), with its stored length, in both
+/// layouts, unique and non-unique, and as one key of several.
+#[test]
+fn oversized_secondary_keys_name_their_index() {
+    let max = part::MAX_KEY_LEN;
+    for (layout, scale) in [(KeyLayout::Bytes, 1), (KeyLayout::Nibbles, 2)] {
+        let f = table_with(&db_no_gc(), "objs", layout);
+        let mut w = f.db.write_txn(&[&f.table]).unwrap();
+        let too_long = |index: &str, len: usize| Error::KeyTooLong {
+            index: index.into(),
+            len,
+            max,
+        };
+        // Unique: the key alone, `scale` bytes per byte.
+        let name = "n".repeat(max / scale + 1);
+        assert_eq!(
+            f.table.insert(&mut w, obj(1, &name, &[], 0)).unwrap_err(),
+            too_long("name", (max / scale + 1) * scale)
+        );
+        // Non-unique: the key, its two-byte terminator and the 4-byte
+        // primary key, one past the limit; the second of two tags.
+        let tag = "t".repeat(max / scale - 5);
+        let e = f
+            .table
+            .insert(&mut w, obj(1, "a", &["ok", &tag], 0))
+            .unwrap_err();
+        assert_eq!(e, too_long("tags", (max / scale + 1) * scale));
+        assert!(!e.is_misuse());
+        // Nothing was written; one byte shorter fits.
+        assert_eq!(f.table.len(&w).unwrap(), 0);
+        let tag = "t".repeat(max / scale - 6);
+        f.table
+            .insert(&mut w, obj(1, "a", &["ok", &tag], 0))
+            .unwrap();
+    }
 }
 
 #[test]

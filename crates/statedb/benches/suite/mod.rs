@@ -215,6 +215,24 @@ fn benches<M: Measurement>(c: &mut Criterion<M>) {
             }
         })
     });
+    // The same through a view bound once per pass (`Table::read`): the
+    // handles are checked once, not at every lookup.
+    g.bench_function("View/RandomLookup", |bn| {
+        bn.iter(|| {
+            let v = b.table.read(&r).unwrap();
+            for &id in &ids {
+                black_box(v.get(&b.by_id, &id));
+            }
+        })
+    });
+    g.bench_function("View/SequentialLookup", |bn| {
+        bn.iter(|| {
+            let v = b.table.read(&r).unwrap();
+            for id in 0..N {
+                black_box(v.get(&b.by_id, &id));
+            }
+        })
+    });
     g.finish();
 
     // The same on nibble-layout tables (write-optimised; see KeyLayout).
