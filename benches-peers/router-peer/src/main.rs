@@ -66,7 +66,7 @@ struct Args {
     #[arg(long, value_name = "EVENTS_PER_S")]
     memory_only: Option<f64>,
     #[command(flatten)]
-    replay: kvreplay::ReplayArgs,
+    replay: arbor::ReplayArgs,
 }
 
 /// One publisher's stream, pre-encoded.
@@ -99,9 +99,10 @@ struct Workload {
 }
 
 fn build(args: &Args) -> Result<Workload> {
-    let (workload, _) = kvreplay::load_workload(&args.replay)?;
+    let opts = args.replay.options()?;
+    let (workload, _) = kvreplay::load_workload(&opts)?;
     let hashes = request_hashes(&workload);
-    let sim = args.replay.sim();
+    let sim = opts.sim;
     let index = kvindex::ConcurrentIndex::new();
     let run = simulate(
         &workload,
@@ -110,7 +111,7 @@ fn build(args: &Args) -> Result<Workload> {
         kvroute_policy(),
         Some(&index),
         true,
-        &indicatif_hidden(),
+        &kvreplay::NoProgress,
     )?;
     let tl = run.timeline.context("a timeline")?;
     let reference = ReferenceIndex::new();
@@ -177,10 +178,6 @@ fn build(args: &Args) -> Result<Workload> {
 
 fn kvroute_policy() -> kvreplay::policy::PolicyKind {
     kvreplay::policy::PolicyKind::KvAware
-}
-
-fn indicatif_hidden() -> indicatif::ProgressBar {
-    indicatif::ProgressBar::hidden()
 }
 
 fn rss_kib(pid: u32) -> u64 {

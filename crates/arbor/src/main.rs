@@ -4,13 +4,14 @@
 //! synthetic workload) through simulated engines under several routing
 //! policies, then stress-tests the KV index with the resulting event stream.
 //! `arbor router` runs the KV-aware router service (`kvrouter`). The logic
-//! lives in those crates; this binary only parses flags, sets up logging
-//! and prints.
+//! lives in those crates; this binary only parses flags (`arbor::ReplayArgs`,
+//! `kvrouter::RouterArgs`), draws progress bars, sets up logging and prints.
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
+use arbor::ReplayArgs;
 use clap::{Parser, Subcommand};
 
 #[cfg(feature = "mimalloc")]
@@ -53,7 +54,7 @@ enum KvCommand {
     /// simulated TTFT and load imbalance, and per index implementation the
     /// block operations per second reached, lookup and apply latencies and
     /// memory.
-    Replay(Box<kvreplay::ReplayArgs>),
+    Replay(Box<ReplayArgs>),
 }
 
 fn main() -> ExitCode {
@@ -149,29 +150,28 @@ fn router(args: kvrouter::RouterArgs) -> anyhow::Result<()> {
     })
 }
 
-fn replay(args: &kvreplay::ReplayArgs) -> anyhow::Result<()> {
+fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
+    let mut opts = args.options()?;
     // `--live` with no URL: a router of our own on loopback for the run,
     // with the simulation's policy knobs and seed.
     let _router;
-    let mut args = args.clone();
-    if args.live.as_deref() == Some("auto") {
-        let sim = args.sim();
+    if opts.live.as_deref() == Some("auto") {
+        let sim = opts.sim;
         let mut r = kvrouter::RouterArgs::defaults();
         r.seed = sim.seed ^ 0x5EED;
         r.cost = Some(sim.cost);
         r.balance = Some(sim.balance);
         let (url, guard) = local_router(r)?;
-        args.live = Some(url);
+        opts.live = Some(url);
         _router = guard;
     }
-    let args = &args;
-    let report = kvreplay::run(args)?;
+    let report = kvreplay::run(&opts, arbor::progress::for_stderr(args.no_progress))?;
     print!("{}", kvreplay::report::render_table(&report));
-    kvreplay::write_outputs(args, &report)?;
-    if let Some(p) = &args.json {
+    kvreplay::write_outputs(&opts, &report)?;
+    if let Some(p) = &opts.json {
         println!("JSON report written to {}", p.display());
     }
-    if let Some(p) = &args.plot {
+    if let Some(p) = &opts.plot {
         println!("Plot written to {}", p.display());
     }
     Ok(())

@@ -7,28 +7,27 @@
 
 use std::time::Instant;
 
-use indicatif::ProgressBar;
 use kvindex::KvEventData;
 use kvreplay::policy::PolicyKind;
 use kvreplay::replay::{entry_block_ops, request_hashes, simulate, TimelineEntry};
 use kvreplay::stress::IndexImpl;
-use kvreplay::{load_workload, ReplayArgs};
+use kvreplay::{load_workload, NoProgress, ReplayOptions};
 
 fn main() {
     let mut argv = std::env::args().skip(1);
     let which = argv.next().unwrap_or_else(|| "both".into());
     let rounds: usize = argv.next().and_then(|s| s.parse().ok()).unwrap_or(3);
-    let args = ReplayArgs::default();
-    let (workload, _) = load_workload(&args).expect("synthetic workload");
+    let opts = ReplayOptions::default();
+    let (workload, _) = load_workload(&opts).expect("synthetic workload");
     let hashes = request_hashes(&workload);
     let run = simulate(
         &workload,
         &hashes,
-        &args.sim(),
+        &opts.sim,
         PolicyKind::Random,
         None,
         true,
-        &ProgressBar::hidden(),
+        &NoProgress,
     )
     .expect("simulation");
     let tl = run.timeline.expect("recorded");

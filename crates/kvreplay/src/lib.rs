@@ -6,15 +6,27 @@
 //! engines ([`engine`]) under several routing policies ([`policy`],
 //! [`replay`]), and replays the resulting event and lookup timeline against
 //! `kvindex`'s implementations under a compressed, deadline-driven clock
-//! ([`stress`]). [`report`] renders the results; [`config`] holds the
-//! command-line knobs; [`run`] ties them together. See `docs/design.md`.
+//! ([`stress`]). [`report`] renders the results; [`ReplayOptions`] says
+//! what to run, [`Progress`] where progress goes, and [`run`] ties them
+//! together. It is a library with no command line of its own: `arbor kv
+//! replay` (crate `arbor`) builds the options from its flags and draws the
+//! progress bars. See `docs/design.md`.
+//!
+//! ```no_run
+//! use kvreplay::{NoProgress, ReplayOptions};
+//!
+//! let report = kvreplay::run(&ReplayOptions::default(), &NoProgress)?;
+//! print!("{}", kvreplay::report::render_table(&report));
+//! # Ok::<(), kvreplay::Error>(())
+//! ```
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 #![forbid(unsafe_code)]
 
-pub mod config;
 pub mod engine;
 #[cfg(feature = "live")]
 pub mod live;
+pub mod options;
+pub mod progress;
 pub mod replay;
 pub mod report;
 pub mod stress;
@@ -26,11 +38,10 @@ pub mod trace;
 pub use kvroute::policy;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-
-pub use config::ReplayArgs;
+pub use options::{ReplayOptions, StressOptions, TraceSource, WorkloadSource};
+pub use progress::{NoProgress, Progress, ProgressTask};
 pub use report::Report;
 
 use crate::policy::PolicyKind;
@@ -65,42 +76,30 @@ pub enum Error {
     Config(String),
 }
 
-fn bar(len: u64, msg: String, show: bool) -> ProgressBar {
-    let target = if show {
-        ProgressDrawTarget::stderr()
-    } else {
-        ProgressDrawTarget::hidden()
-    };
-    let pb = ProgressBar::with_draw_target(Some(len), target);
-    pb.set_style(
-        ProgressStyle::with_template("{msg:32} [{elapsed_precise}] {wide_bar} {pos}/{len}")
-            .expect("valid template"),
-    );
-    pb.set_message(msg);
-    pb.enable_steady_tick(Duration::from_millis(200));
-    pb
-}
-
 /// Loads the trace or generates the synthetic workload.
-pub fn load_workload(args: &ReplayArgs) -> Result<(Workload, WorkloadSummary), Error> {
-    let (mut workload, skipped, first_skipped, synthetic, scaling) = match &args.trace {
-        Some(path) => {
-            let parsed = trace::read_trace(path, args.skip_bad_lines)?;
-            let scaling = args.scaling();
-            let name = path.file_name().map_or_else(
-                || path.display().to_string(),
+pub fn load_workload(opts: &ReplayOptions) -> Result<(Workload, WorkloadSummary), Error> {
+    let (mut workload, skipped, first_skipped, synthetic, scaling) = match &opts.workload {
+        WorkloadSource::Trace(t) => {
+            let parsed = trace::read_trace(&t.path, t.skip_bad_lines)?;
+            let name = t.path.file_name().map_or_else(
+                || t.path.display().to_string(),
                 |n| n.to_string_lossy().into(),
             );
-            let w = scaling.apply(&name, &parsed.records)?;
-            (w, parsed.skipped, parsed.first_skipped, None, Some(scaling))
+            let w = t.scaling.apply(&name, &parsed.records)?;
+            (
+                w,
+                parsed.skipped,
+                parsed.first_skipped,
+                None,
+                Some(t.scaling),
+            )
         }
-        None => {
-            let cfg = args.synth();
-            let s = synth::generate(&cfg)?;
-            (s.workload, 0, None, Some(cfg), None)
+        WorkloadSource::Synthetic(cfg) => {
+            let s = synth::generate(cfg)?;
+            (s.workload, 0, None, Some(cfg.clone()), None)
         }
     };
-    if let Some(n) = args.max_requests {
+    if let Some(n) = opts.max_requests {
         workload.requests.truncate(n as usize);
     }
     if workload.requests.is_empty() {
@@ -121,98 +120,77 @@ pub fn load_workload(args: &ReplayArgs) -> Result<(Workload, WorkloadSummary), E
     Ok((workload, summary))
 }
 
-/// Runs the routing comparison and the stress replay as `args` asks.
-pub fn run(args: &ReplayArgs) -> Result<Report, Error> {
+/// Runs the routing comparison and the stress replay as `opts` asks,
+/// reporting each long step to `progress`.
+pub fn run(opts: &ReplayOptions, progress: &dyn Progress) -> Result<Report, Error> {
     let started = Instant::now();
-    let show = !args.no_progress;
-    let sim = args.sim();
-    sim.validate()?;
-    if args.sweep_min_ms > args.sweep_max_ms {
-        return Err(Error::Config(format!(
-            "--sweep-min-ms {} exceeds --sweep-max-ms {}",
-            args.sweep_min_ms, args.sweep_max_ms
-        )));
-    }
+    opts.validate()?;
+    let sim = opts.sim;
     // Fail before the run, not after it, when an output cannot be written.
-    for p in [&args.json, &args.plot].into_iter().flatten() {
+    for p in [&opts.json, &opts.plot].into_iter().flatten() {
         std::fs::File::create(p).map_err(|source| Error::Output {
             path: p.clone(),
             source,
         })?;
     }
-    let spinner = bar(0, "loading workload".into(), show);
-    spinner.set_style(
-        ProgressStyle::with_template("{spinner} {msg} [{elapsed_precise}]")
-            .expect("valid template"),
-    );
-    let (workload, summary) = load_workload(args)?;
+    let loading = progress.start("loading workload", 0);
+    let (workload, summary) = load_workload(opts)?;
     let hashes = request_hashes(&workload);
-    spinner.finish_and_clear();
+    loading.finish();
 
-    let do_stress = !args.no_stress && !args.impls.is_empty();
-    let mut policies: Vec<PolicyKind> = if args.stress {
-        Vec::new()
-    } else {
-        let mut p = args.policies.clone();
-        p.sort();
-        p.dedup();
-        p
-    };
+    let stress_opts = opts.stress.as_ref().filter(|s| !s.impls.is_empty());
+    let mut policies = opts.policies.clone();
+    policies.sort();
+    policies.dedup();
     // The stress policy is simulated too (its timeline is needed); it joins
-    // the comparison unless in stress-only mode.
+    // the comparison only if asked for.
     let mut sims = policies.clone();
-    if do_stress && !sims.contains(&args.stress_policy) {
-        sims.push(args.stress_policy);
+    if let Some(s) = stress_opts {
+        if !sims.contains(&s.policy) {
+            sims.push(s.policy);
+        }
     }
 
     let mut outcomes = Vec::new();
     let mut live = Vec::new();
     let mut timeline = None;
-    for p in sims.clone() {
-        let record = do_stress && p == args.stress_policy;
-        let pb = bar(
+    for p in sims {
+        let record = stress_opts.is_some_and(|s| s.policy == p);
+        let task = progress.start(
+            &format!("routing: {}", p.name()),
             workload.requests.len() as u64,
-            format!("routing: {}", p.name()),
-            show,
         );
         let index = kvindex::ConcurrentIndex::new();
-        let run = simulate(&workload, &hashes, &sim, p, Some(&index), record, &pb)?;
-        pb.finish_and_clear();
+        let run = simulate(&workload, &hashes, &sim, p, Some(&index), record, &*task)?;
+        task.finish();
         if record {
             timeline = run.timeline;
         }
         outcomes.push(run.outcome);
     }
-    if let Some(url) = &args.live {
+    if let Some(url) = &opts.live {
         for &p in &policies {
-            live.push(run_live(url, &workload, &hashes, &sim, p, show)?);
+            live.push(run_live(url, &workload, &hashes, &sim, p, progress)?);
         }
-    }
-    if args.stress {
-        outcomes.clear();
-        policies.clear();
     }
     outcomes.retain(|o| policies.contains(&o.policy));
 
     let mut stress = Vec::new();
     let mut sweeps = Vec::new();
-    if let Some(tl) = timeline.as_ref().filter(|_| do_stress) {
-        let mut lanes = args.event_lanes.clone();
+    if let (Some(tl), Some(s)) = (timeline.as_ref(), stress_opts) {
+        let mut lanes = s.event_lanes.clone();
         lanes.dedup();
         for &el in &lanes {
-            for &ix in &args.impls {
+            for &ix in &s.impls {
                 let cfg = StressConfig {
-                    window_ms: args.window_ms,
+                    window_ms: s.window_ms,
                     event_lanes: el,
-                    query_lanes: args.query_lanes,
+                    query_lanes: s.query_lanes,
                 };
-                let pb = bar(0, format!("stress: {ix} {el}e/{}q", args.query_lanes), show);
-                if args.sweep {
-                    sweeps.push(sweep(tl, ix, &cfg, &args.sweep_config(), &pb));
-                } else {
-                    stress.push(run_stress(tl, ix, &cfg, &pb));
+                match &s.sweep {
+                    Some(sc) => sweeps.push(sweep(tl, ix, &cfg, sc, progress)),
+                    None => stress.push(run_stress(tl, ix, &cfg, progress)),
                 }
-                pb.finish_and_clear();
             }
         }
     }
@@ -222,8 +200,8 @@ pub fn run(args: &ReplayArgs) -> Result<Report, Error> {
         fleet: sim,
         policies: outcomes,
         live,
-        live_router: args.live.clone(),
-        stress_policy: do_stress.then_some(args.stress_policy),
+        live_router: opts.live.clone(),
+        stress_policy: stress_opts.map(|s| s.policy),
         stress,
         sweeps,
         wall_s: started.elapsed().as_secs_f64(),
@@ -238,19 +216,18 @@ fn run_live(
     hashes: &[std::sync::Arc<[kvindex::LocalHash]>],
     sim: &replay::SimConfig,
     p: PolicyKind,
-    show: bool,
+    progress: &dyn Progress,
 ) -> Result<PolicyOutcome, Error> {
     static RUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let model = format!("kvreplay-{}-{}-{n}", std::process::id(), p.name());
     let mut d = live::LiveRouter::connect(url, &model, sim.workers, p)?;
-    let pb = bar(
+    let task = progress.start(
+        &format!("live: {}", p.name()),
         workload.requests.len() as u64,
-        format!("live: {}", p.name()),
-        show,
     );
-    let run = replay::simulate_with(workload, hashes, sim, p, &mut d, false, &pb);
-    pb.finish_and_clear();
+    let run = replay::simulate_with(workload, hashes, sim, p, &mut d, false, &*task);
+    task.finish();
     d.close();
     Ok(run?.outcome)
 }
@@ -263,26 +240,178 @@ fn run_live(
     _hashes: &[std::sync::Arc<[kvindex::LocalHash]>],
     _sim: &replay::SimConfig,
     _p: PolicyKind,
-    _show: bool,
+    _progress: &dyn Progress,
 ) -> Result<PolicyOutcome, Error> {
     Err(Error::Config(
         "--live needs kvreplay built with its `live` feature".into(),
     ))
 }
 
-/// Writes the JSON and SVG outputs `args` asks for.
-pub fn write_outputs(args: &ReplayArgs, report: &Report) -> Result<(), Error> {
+/// Writes the JSON and SVG outputs `opts` asks for.
+pub fn write_outputs(opts: &ReplayOptions, report: &Report) -> Result<(), Error> {
     let write = |path: &PathBuf, text: String| {
         std::fs::write(path, text).map_err(|source| Error::Output {
             path: path.clone(),
             source,
         })
     };
-    if let Some(p) = &args.json {
+    if let Some(p) = &opts.json {
         write(p, report::render_json(report))?;
     }
-    if let Some(p) = &args.plot {
+    if let Some(p) = &opts.plot {
         write(p, report::render_svg(report))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::stress::{IndexImpl, SweepConfig};
+    use crate::synth::SynthConfig;
+
+    /// What a [`Recorder`] saw: per task, its label, length, units done and
+    /// whether it finished.
+    #[derive(Debug, Default)]
+    struct Seen {
+        tasks: Vec<(String, u64, u64, bool)>,
+    }
+
+    /// A progress callback that records every call.
+    #[derive(Default)]
+    struct Recorder(Arc<Mutex<Seen>>);
+
+    struct RecordedTask(Arc<Mutex<Seen>>, usize);
+
+    impl Progress for Recorder {
+        fn start(&self, label: &str, len: u64) -> Box<dyn ProgressTask> {
+            let mut seen = self.0.lock().unwrap();
+            seen.tasks.push((label.to_string(), len, 0, false));
+            Box::new(RecordedTask(self.0.clone(), seen.tasks.len() - 1))
+        }
+    }
+
+    impl ProgressTask for RecordedTask {
+        fn inc(&self, n: u64) {
+            self.0.lock().unwrap().tasks[self.1].2 += n;
+        }
+        fn finish(&self) {
+            self.0.lock().unwrap().tasks[self.1].3 = true;
+        }
+    }
+
+    /// The default options on a few seconds of synthetic traffic and four
+    /// workers, without the stress replay.
+    fn tiny() -> ReplayOptions {
+        let mut opts = ReplayOptions {
+            workload: WorkloadSource::Synthetic(SynthConfig {
+                duration_s: 20.0,
+                session_rate: 2.0,
+                ..SynthConfig::default()
+            }),
+            stress: None,
+            ..ReplayOptions::default()
+        };
+        opts.sim.workers = 4;
+        opts.sim.engine.capacity_blocks = 2000;
+        opts
+    }
+
+    #[test]
+    fn a_library_caller_runs_a_replay_with_its_own_progress() {
+        let rec = Recorder::default();
+        let report = run(&tiny(), &rec).unwrap();
+        assert_eq!(report.policies.len(), PolicyKind::ALL.len());
+        assert!(report.stress.is_empty() && report.stress_policy.is_none());
+        let requests = report.workload.requests;
+        assert!(requests > 0);
+
+        let seen = rec.0.lock().unwrap();
+        assert!(!seen.tasks.is_empty(), "at least one task started");
+        assert!(seen.tasks.iter().all(|t| t.3), "every task finished");
+        assert_eq!(seen.tasks[0].0, "loading workload");
+        for p in PolicyKind::ALL {
+            let label = format!("routing: {p}");
+            let t = seen.tasks.iter().find(|t| t.0 == label).unwrap();
+            assert_eq!((t.1, t.2), (requests, requests), "{label}");
+        }
+    }
+
+    #[test]
+    fn stress_tasks_count_every_entry() {
+        let mut opts = tiny();
+        opts.policies.clear();
+        opts.stress = Some(StressOptions {
+            impls: vec![IndexImpl::Null],
+            window_ms: 20,
+            event_lanes: vec![1],
+            ..StressOptions::default()
+        });
+        let rec = Recorder::default();
+        let report = run(&opts, &rec).unwrap();
+        assert!(report.policies.is_empty(), "stress only");
+        assert_eq!(report.stress.len(), 1);
+        let seen = rec.0.lock().unwrap();
+        let t = seen.tasks.iter().find(|t| t.0 == "stress: null 1e/1q");
+        let t = t.unwrap();
+        let r = &report.stress[0];
+        assert_eq!(
+            (t.1, t.2, t.3),
+            (r.queries + r.events, r.queries + r.events, true)
+        );
+    }
+
+    #[test]
+    fn library_validation_is_typed() {
+        let mut opts = tiny();
+        opts.stress = Some(StressOptions {
+            sweep: Some(SweepConfig {
+                min_window_ms: 100,
+                max_window_ms: 50,
+                bisect_steps: 1,
+            }),
+            ..StressOptions::default()
+        });
+        let e = run(&opts, &NoProgress).unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "--sweep-min-ms 100 exceeds --sweep-max-ms 50"
+        );
+
+        let mut opts = tiny();
+        opts.sim.workers = 0;
+        assert!(matches!(run(&opts, &NoProgress), Err(Error::Replay(_))));
+
+        let mut opts = ReplayOptions::for_trace("t.jsonl");
+        opts.sim.engine.block_size = 16;
+        let e = opts.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("block size 64 differs from the engines' 16"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn every_name_round_trips_through_from_str_and_display() {
+        for p in PolicyKind::ALL {
+            assert_eq!(p.to_string().parse::<PolicyKind>().unwrap(), p);
+            assert_eq!(p.to_string(), p.name());
+            assert_eq!(serde_json::to_value(p).unwrap(), p.name());
+        }
+        for i in IndexImpl::ALL {
+            assert_eq!(i.to_string().parse::<IndexImpl>().unwrap(), i);
+            assert_eq!(i.to_string(), i.name());
+            assert_eq!(serde_json::to_value(i).unwrap(), i.name());
+            assert!(!i.description().is_empty());
+        }
+        assert!(IndexImpl::REAL.iter().all(|i| IndexImpl::ALL.contains(i)));
+        assert_eq!(
+            "btree".parse::<IndexImpl>().unwrap_err().to_string(),
+            "unknown index implementation \"btree\"; expected ours, reference or null"
+        );
+        assert!("fastest".parse::<PolicyKind>().is_err());
+    }
 }

@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
-use indicatif::ProgressBar;
 use kvindex::{KvEvent, KvIndexer, LocalHash, WorkerKey};
 use serde::Serialize;
 
@@ -28,6 +27,7 @@ use kvroute::LoadTracker;
 
 use crate::engine::{external_hashes, local_hash, Engine, EngineConfig, EngineRequest};
 use crate::policy::{Balance, KvCost, PolicyKind, Router, WorkerLoad};
+use crate::progress::ProgressTask;
 use crate::trace::Workload;
 
 /// Errors from a replay.
@@ -319,7 +319,8 @@ pub fn worker_key(i: usize) -> WorkerKey {
 /// Runs `workload` through `cfg.workers` engines routed by `policy` in
 /// process ([`InProcess`]). The KV-aware policies consult and feed
 /// `index`, which must start empty; other policies ignore it. `hashes`
-/// comes from [`request_hashes`].
+/// comes from [`request_hashes`]. Each routed request counts one unit on
+/// `progress` (a task of `workload.requests.len()` units).
 pub fn simulate(
     workload: &Workload,
     hashes: &[Arc<[LocalHash]>],
@@ -327,7 +328,7 @@ pub fn simulate(
     policy: PolicyKind,
     index: Option<&dyn KvIndexer>,
     record_timeline: bool,
-    progress: &ProgressBar,
+    progress: &dyn ProgressTask,
 ) -> Result<SimRun, ReplayError> {
     let mut d = InProcess::new(cfg, policy, index);
     simulate_with(
@@ -342,7 +343,7 @@ pub fn simulate(
 }
 
 /// Simulates `workload` with routing decisions from `dispatch` (`policy`
-/// names them in the outcome).
+/// names them in the outcome); progress as in [`simulate`].
 pub fn simulate_with(
     workload: &Workload,
     hashes: &[Arc<[LocalHash]>],
@@ -350,7 +351,7 @@ pub fn simulate_with(
     policy: PolicyKind,
     dispatch: &mut dyn Dispatch,
     record_timeline: bool,
-    progress: &ProgressBar,
+    progress: &dyn ProgressTask,
 ) -> Result<SimRun, ReplayError> {
     cfg.validate()?;
     let started = Instant::now();
@@ -495,6 +496,7 @@ pub fn simulate_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::progress::NoProgress;
     use crate::synth::{generate, SynthConfig};
     use kvindex::{ConcurrentIndex, KvEventData, ReferenceIndex};
     use std::collections::BTreeSet;
@@ -525,7 +527,7 @@ mod tests {
 
     fn run(w: &Workload, c: &SimConfig, p: PolicyKind, ix: Option<&dyn KvIndexer>) -> SimRun {
         let h = request_hashes(w);
-        simulate(w, &h, c, p, ix, true, &ProgressBar::hidden()).unwrap()
+        simulate(w, &h, c, p, ix, true, &NoProgress).unwrap()
     }
 
     #[test]
@@ -674,15 +676,15 @@ mod tests {
     /// least 90% of the bound with the busiest worker within 1.5x the mean.
     #[test]
     fn kv_balanced_meets_the_routing_target_by_default() {
-        assert_routing_target(&crate::config::ReplayArgs::default());
+        assert_routing_target(&crate::ReplayOptions::default());
     }
 
     /// `kv-balanced` reaches 90% of the bound with the busiest worker within
-    /// 1.5x the mean load on the workload `args` describe.
-    fn assert_routing_target(args: &crate::config::ReplayArgs) {
-        let (w, _) = crate::load_workload(args).unwrap();
+    /// 1.5x the mean load on the workload `opts` describe.
+    fn assert_routing_target(opts: &crate::ReplayOptions) {
+        let (w, _) = crate::load_workload(opts).unwrap();
         let ix = ConcurrentIndex::new();
-        let kv = run(&w, &args.sim(), PolicyKind::KvBalanced, Some(&ix)).outcome;
+        let kv = run(&w, &opts.sim, PolicyKind::KvBalanced, Some(&ix)).outcome;
         let bound = w.infinite_cache_hit_rate();
         assert!(kv.hit_rate >= 0.9 * bound, "{} vs {bound}", kv.hit_rate);
         assert!(kv.load_imbalance <= 1.5, "{}", kv.load_imbalance);
@@ -697,10 +699,7 @@ mod tests {
             "/../../../shared/data/mooncake/conversation_trace.jsonl"
         ));
         assert!(path.exists(), "{} is missing", path.display());
-        assert_routing_target(&crate::config::ReplayArgs {
-            trace: Some(path.to_path_buf()),
-            ..Default::default()
-        });
+        assert_routing_target(&crate::ReplayOptions::for_trace(path));
     }
 
     #[test]
@@ -732,28 +731,10 @@ mod tests {
         let mut c = cfg(10);
         c.workers = 0;
         let h = request_hashes(&w);
-        assert!(simulate(
-            &w,
-            &h,
-            &c,
-            PolicyKind::Random,
-            None,
-            false,
-            &ProgressBar::hidden()
-        )
-        .is_err());
+        assert!(simulate(&w, &h, &c, PolicyKind::Random, None, false, &NoProgress).is_err());
         let mut c = cfg(10);
         c.engine.prefill_tps = 0.0;
-        assert!(simulate(
-            &w,
-            &h,
-            &c,
-            PolicyKind::Random,
-            None,
-            false,
-            &ProgressBar::hidden()
-        )
-        .is_err());
+        assert!(simulate(&w, &h, &c, PolicyKind::Random, None, false, &NoProgress).is_err());
         for bad in [
             Balance {
                 ratio: 0.5,

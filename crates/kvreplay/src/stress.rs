@@ -27,15 +27,17 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use indicatif::ProgressBar;
 use kvindex::{ConcurrentIndex, KvEvent, KvIndexer, LocalHash, ReferenceIndex};
 use serde::Serialize;
 
+use crate::progress::{Progress, ProgressTask};
 use crate::replay::{entry_block_ops, Timeline, TimelineEntry};
 
 /// Index implementations to compare.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
+///
+/// Its names (what `FromStr` accepts, `Display` and serde write) come from
+/// one table: [`IndexImpl::ALL`] and [`IndexImpl::name`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IndexImpl {
     /// `kvindex::ConcurrentIndex`.
     Ours,
@@ -46,8 +48,11 @@ pub enum IndexImpl {
 }
 
 impl IndexImpl {
-    /// The real implementations, ours first.
-    pub const ALL: [IndexImpl; 2] = [IndexImpl::Ours, IndexImpl::Reference];
+    /// Every implementation: every name [`FromStr`] accepts.
+    pub const ALL: [IndexImpl; 3] = [IndexImpl::Ours, IndexImpl::Reference, IndexImpl::Null];
+
+    /// The real implementations, ours first: the default comparison.
+    pub const REAL: [IndexImpl; 2] = [IndexImpl::Ours, IndexImpl::Reference];
 
     /// CLI/report name.
     pub fn name(self) -> &'static str {
@@ -58,6 +63,15 @@ impl IndexImpl {
         }
     }
 
+    /// One line on what the implementation is, for help texts and listings.
+    pub fn description(self) -> &'static str {
+        match self {
+            IndexImpl::Ours => "`kvindex::ConcurrentIndex`",
+            IndexImpl::Reference => "`kvindex::ReferenceIndex` (one lock around a sequential tree)",
+            IndexImpl::Null => "An index that does nothing: calibrates the harness's own ceiling",
+        }
+    }
+
     /// A fresh, empty index.
     pub fn build(self) -> Arc<dyn KvIndexer> {
         match self {
@@ -65,6 +79,13 @@ impl IndexImpl {
             IndexImpl::Reference => Arc::new(ReferenceIndex::new()),
             IndexImpl::Null => Arc::new(NullIndex),
         }
+    }
+}
+
+/// Serialized as its [`name`](IndexImpl::name).
+impl Serialize for IndexImpl {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
     }
 }
 
@@ -98,13 +119,22 @@ impl KvIndexer for NullIndex {
 
 /// An unknown implementation name.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("unknown index implementation {0:?}; expected ours, reference or null")]
+#[error("unknown index implementation {:?}; expected {}", .0, one_of(&IndexImpl::ALL.map(IndexImpl::name)))]
 pub struct UnknownImpl(pub String);
+
+/// `"a, b or c"`.
+fn one_of(names: &[&str]) -> String {
+    match names.split_last() {
+        Some((last, [])) => (*last).to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
 
 impl FromStr for IndexImpl {
     type Err = UnknownImpl;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [IndexImpl::Ours, IndexImpl::Reference, IndexImpl::Null]
+        IndexImpl::ALL
             .into_iter()
             .find(|p| p.name() == s)
             .ok_or_else(|| UnknownImpl(s.to_string()))
@@ -241,7 +271,7 @@ pub const TIMER_GRANULARITY: Duration = Duration::from_millis(1);
 fn drive<T: Copy>(
     start: Instant,
     entries: &[(Duration, T)],
-    progress: &ProgressBar,
+    progress: &dyn ProgressTask,
     mut op: impl FnMut(T),
 ) -> (Histogram<u64>, Instant) {
     let mut h = new_hist();
@@ -270,18 +300,31 @@ fn us(h: &Histogram<u64>, q: f64) -> f64 {
     }
 }
 
-/// Replays `timeline` against a fresh `index` under `cfg`.
+/// Replays `timeline` against a fresh `index` under `cfg`, reporting the
+/// entries run as a task labelled `stress: {index} {event_lanes}e/{query_lanes}q`.
 pub fn run_stress(
     timeline: &Timeline,
     index: IndexImpl,
     cfg: &StressConfig,
-    progress: &ProgressBar,
+    progress: &dyn Progress,
+) -> StressResult {
+    let label = format!("stress: {index} {}e/{}q", cfg.event_lanes, cfg.query_lanes);
+    run_stress_as(timeline, index, cfg, progress, &label)
+}
+
+/// [`run_stress`] with the progress task labelled `label`.
+fn run_stress_as(
+    timeline: &Timeline,
+    index: IndexImpl,
+    cfg: &StressConfig,
+    progress: &dyn Progress,
+    label: &str,
 ) -> StressResult {
     let prepared = prepare(timeline, cfg);
     let total_entries: u64 = prepared.events.iter().map(|l| l.len() as u64).sum::<u64>()
         + prepared.queries.iter().map(|l| l.len() as u64).sum::<u64>();
-    progress.set_length(total_entries);
-    progress.set_position(0);
+    let task = progress.start(label, total_entries);
+    let progress: &dyn ProgressTask = &*task;
     reset_peak_rss();
     let rss_before = proc_status_mib("VmRSS:");
     let ix = index.build();
@@ -333,6 +376,7 @@ pub fn run_stress(
     });
     let rss_after = proc_status_mib("VmRSS:");
     let peak = proc_status_mib("VmHWM:");
+    task.finish();
     let st = ix.stats();
     let index_anomalies = st.gaps + st.duplicates + st.unknown_parents + st.unknown_removes;
     drop(ix);
@@ -374,7 +418,7 @@ pub fn run_stress(
     }
 }
 
-/// Sweep settings.
+/// Sweep settings (`--sweep-min-ms`, `--sweep-max-ms`, `--sweep-steps`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct SweepConfig {
     /// Smallest window tried, ms.
@@ -383,6 +427,29 @@ pub struct SweepConfig {
     pub max_window_ms: u64,
     /// Bisection steps after bracketing.
     pub bisect_steps: usize,
+}
+
+impl Default for SweepConfig {
+    fn default() -> Self {
+        Self {
+            min_window_ms: 20,
+            max_window_ms: 16_000,
+            bisect_steps: 3,
+        }
+    }
+}
+
+impl SweepConfig {
+    /// Checks that the shortest window does not exceed the longest.
+    pub fn validate(&self) -> Result<(), crate::Error> {
+        if self.min_window_ms > self.max_window_ms {
+            return Err(crate::Error::Config(format!(
+                "--sweep-min-ms {} exceeds --sweep-max-ms {}",
+                self.min_window_ms, self.max_window_ms
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Outcome of a sweep.
@@ -400,13 +467,14 @@ pub struct SweepResult {
     pub best_window_ms: Option<u64>,
 }
 
-/// Finds the smallest window (highest rate) at which `index` keeps up.
+/// Finds the smallest window (highest rate) at which `index` keeps up,
+/// each run a progress task labelled `{index} sweep: window {w} ms`.
 pub fn sweep(
     timeline: &Timeline,
     index: IndexImpl,
     base: &StressConfig,
     sc: &SweepConfig,
-    progress: &ProgressBar,
+    progress: &dyn Progress,
 ) -> SweepResult {
     let mut steps = Vec::new();
     let run = |w: u64, steps: &mut Vec<StressResult>| {
@@ -414,8 +482,8 @@ pub fn sweep(
             window_ms: w,
             ..*base
         };
-        progress.set_message(format!("{index} sweep: window {w} ms"));
-        let r = run_stress(timeline, index, &cfg, progress);
+        let label = format!("{index} sweep: window {w} ms");
+        let r = run_stress_as(timeline, index, &cfg, progress, &label);
         let ok = r.kept_up && r.apply_errors == 0;
         steps.push(r);
         ok
@@ -479,6 +547,7 @@ mod tests {
     use super::*;
     use crate::engine::EngineConfig;
     use crate::policy::{Balance, KvCost, PolicyKind};
+    use crate::progress::NoProgress;
     use crate::replay::{request_hashes, simulate, SimConfig};
     use crate::synth::{generate, SynthConfig};
 
@@ -501,18 +570,10 @@ mod tests {
             seed: 3,
         };
         let h = request_hashes(&w);
-        simulate(
-            &w,
-            &h,
-            &cfg,
-            PolicyKind::Random,
-            None,
-            true,
-            &ProgressBar::hidden(),
-        )
-        .unwrap()
-        .timeline
-        .unwrap()
+        simulate(&w, &h, &cfg, PolicyKind::Random, None, true, &NoProgress)
+            .unwrap()
+            .timeline
+            .unwrap()
     }
 
     #[test]
@@ -531,7 +592,7 @@ mod tests {
                 event_lanes: 2,
                 query_lanes: 1,
             };
-            let r = run_stress(&tl, index, &cfg, &ProgressBar::hidden());
+            let r = run_stress(&tl, index, &cfg, &NoProgress);
             assert_eq!(r.queries, q);
             assert_eq!(r.events, e);
             assert_eq!(r.apply_errors, 0, "{index}: events must apply cleanly");
@@ -560,7 +621,7 @@ mod tests {
             max_window_ms: 256,
             bisect_steps: 1,
         };
-        let r = sweep(&tl, IndexImpl::Ours, &base, &sc, &ProgressBar::hidden());
+        let r = sweep(&tl, IndexImpl::Ours, &base, &sc, &NoProgress);
         assert!(!r.steps.is_empty());
         let best = r.max_sustained_ops_per_s.expect("keeps up at some window");
         assert!(r

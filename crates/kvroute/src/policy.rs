@@ -45,9 +45,10 @@ use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
 /// Which routing policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, PartialOrd, Ord)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "kebab-case")]
+///
+/// Its names (what `FromStr` accepts, `Display` and serde write) come from
+/// one table: [`PolicyKind::ALL`] and [`PolicyKind::name`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PolicyKind {
     /// Uniformly random worker.
     Random,
@@ -63,7 +64,7 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
-    /// All policies, in report order.
+    /// All policies, in report order: every name [`FromStr`] accepts.
     pub const ALL: [PolicyKind; 5] = [
         PolicyKind::Random,
         PolicyKind::RoundRobin,
@@ -83,9 +84,30 @@ impl PolicyKind {
         }
     }
 
+    /// One line on what the policy does, for help texts and listings.
+    pub fn description(self) -> &'static str {
+        match self {
+            PolicyKind::Random => "Uniformly random worker",
+            PolicyKind::RoundRobin => "Workers in turn",
+            PolicyKind::LeastLoaded => "Fewest active requests, then fewest active blocks",
+            PolicyKind::KvAware => "Dynamo's KV-aware cost over the index's overlap scores",
+            PolicyKind::KvBalanced => {
+                "Ours: longest cached prefix among workers that are not overloaded, \
+                 least cache pressure for requests with no useful prefix"
+            }
+        }
+    }
+
     /// Whether the policy consults the KV index.
     pub fn uses_index(self) -> bool {
         matches!(self, PolicyKind::KvAware | PolicyKind::KvBalanced)
+    }
+}
+
+/// Serialized as its [`name`](PolicyKind::name).
+impl Serialize for PolicyKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
     }
 }
 
@@ -97,10 +119,17 @@ impl fmt::Display for PolicyKind {
 
 /// An unknown policy name.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error(
-    "unknown policy {0:?}; expected random, round-robin, least-loaded, kv-aware or kv-balanced"
-)]
+#[error("unknown policy {:?}; expected {}", .0, one_of(&PolicyKind::ALL.map(PolicyKind::name)))]
 pub struct UnknownPolicy(pub String);
+
+/// `"a, b or c"`.
+fn one_of(names: &[&str]) -> String {
+    match names.split_last() {
+        Some((last, [])) => (*last).to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
 
 impl FromStr for PolicyKind {
     type Err = UnknownPolicy;
@@ -403,8 +432,16 @@ mod tests {
     fn names_round_trip() {
         for p in PolicyKind::ALL {
             assert_eq!(p.name().parse::<PolicyKind>().unwrap(), p);
+            assert_eq!(p.to_string().parse::<PolicyKind>().unwrap(), p);
+            assert_eq!(p.to_string(), p.name());
+            assert!(!p.description().is_empty());
         }
-        assert!("fastest".parse::<PolicyKind>().is_err());
+        let err = "fastest".parse::<PolicyKind>().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "unknown policy \"fastest\"; expected random, round-robin, least-loaded, \
+             kv-aware or kv-balanced"
+        );
     }
 
     #[test]

@@ -7,6 +7,18 @@ use kvroute::PolicyKind;
 
 use crate::ingest::IngestConfig;
 
+/// Parses a routing policy flag with `PolicyKind`'s own `FromStr`, offering
+/// the names of [`PolicyKind::ALL`] (with their descriptions) as clap's
+/// possible values, so `--help` lists them and a typo gets the list and a
+/// suggestion.
+pub fn policy_value_parser() -> impl clap::builder::TypedValueParser<Value = PolicyKind> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(
+        PolicyKind::ALL.map(|p| PossibleValue::new(p.name()).help(p.description())),
+    )
+    .try_map(|s| s.parse::<PolicyKind>())
+}
+
 /// `ID[:DP]=ENDPOINT[,replay=ENDPOINT]`: a worker given on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerArg {
@@ -83,7 +95,7 @@ pub struct RouterArgs {
     #[arg(long, value_name = "FILE")]
     pub workers_file: Option<std::path::PathBuf>,
     /// Routing policy for /route.
-    #[arg(long, value_enum, default_value_t = PolicyKind::KvBalanced)]
+    #[arg(long, value_parser = policy_value_parser(), default_value_t = PolicyKind::KvBalanced)]
     pub policy: PolicyKind,
     /// Weight of prefill against decode blocks in the kv-aware cost.
     #[arg(long, default_value_t = 1.0)]

@@ -1,16 +1,20 @@
-//! Command-line knobs of `arbor kv replay` (a `clap::Args` struct the binary
-//! flattens), with their defaults and validation.
+//! The flags of `arbor kv replay` (a `clap::Args` struct the binary
+//! flattens), their ranges, and their translation into
+//! [`kvreplay::ReplayOptions`]. Defaults come from the library's own
+//! (`ReplayOptions::default()` is what no flags give).
 
 use std::path::PathBuf;
 
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::Args;
-
-use crate::engine::EngineConfig;
-use crate::policy::{Balance, KvCost, PolicyKind};
-use crate::replay::SimConfig;
-use crate::stress::{IndexImpl, SweepConfig};
-use crate::synth::SynthConfig;
-use crate::trace::TraceScaling;
+use kvreplay::engine::EngineConfig;
+use kvreplay::policy::{Balance, KvCost, PolicyKind};
+use kvreplay::replay::SimConfig;
+use kvreplay::stress::{IndexImpl, SweepConfig};
+use kvreplay::synth::SynthConfig;
+use kvreplay::trace::TraceScaling;
+use kvreplay::{ReplayOptions, StressOptions, TraceSource, WorkloadSource};
+use kvrouter::config::policy_value_parser;
 
 fn positive_f64(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
@@ -57,6 +61,16 @@ fn lanes(s: &str) -> Result<usize, String> {
     }
 }
 
+/// An index implementation, parsed by `IndexImpl`'s `FromStr`; the names of
+/// [`IndexImpl::ALL`] are clap's possible values (listed by `--help`,
+/// suggested on a typo).
+fn index_impl() -> impl TypedValueParser<Value = IndexImpl> {
+    PossibleValuesParser::new(
+        IndexImpl::ALL.map(|i| PossibleValue::new(i.name()).help(i.description())),
+    )
+    .try_map(|s| s.parse::<IndexImpl>())
+}
+
 /// Every knob of `arbor kv replay`.
 ///
 /// Without `--trace`, a seeded synthetic workload (the `--synth-*` knobs) is
@@ -78,21 +92,21 @@ pub struct ReplayArgs {
 
     /// Each trace hash id becomes this many consecutive ids (longer shared
     /// prefixes, same tree shape), as in Dynamo's mooncake_bench.
-    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024), help_heading = "Traffic")]
+    #[arg(long, default_value_t = TraceScaling::default().length_factor as u32, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024), help_heading = "Traffic")]
     pub trace_length_factor: u32,
 
     /// Disjoint copies of the trace (same shape, distinct hash ids), played
     /// at the same time.
-    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024), help_heading = "Traffic")]
+    #[arg(long, default_value_t = TraceScaling::default().duplication_factor as u32, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024), help_heading = "Traffic")]
     pub trace_duplication_factor: u32,
 
     /// Tokens per trace hash id (Mooncake: 512). Must be a multiple of
     /// --block-size; each id becomes trace-block-size / block-size blocks.
-    #[arg(long, default_value_t = 512, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Traffic")]
+    #[arg(long, default_value_t = TraceScaling::default().trace_block_size as u32, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Traffic")]
     pub trace_block_size: u32,
 
     /// Tokens per KV block in the engines and the index.
-    #[arg(long, default_value_t = 64, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Traffic")]
+    #[arg(long, default_value_t = EngineConfig::default().block_size as u32, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Traffic")]
     pub block_size: u32,
 
     /// Keep only the first N requests (after scaling).
@@ -103,7 +117,7 @@ pub struct ReplayArgs {
     /// Seed of the synthetic workload and of the routers' random choices.
     #[arg(
         long,
-        default_value_t = 42,
+        default_value_t = SynthConfig::default().seed,
         help_heading = "Synthetic workload (without --trace)"
     )]
     pub seed: u64,
@@ -149,7 +163,7 @@ pub struct ReplayArgs {
 
     // ---- fleet ----
     /// Number of simulated workers (engines).
-    #[arg(long, default_value_t = 16, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000), help_heading = "Simulated engines")]
+    #[arg(long, default_value_t = ReplayOptions::default().sim.workers as u32, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000), help_heading = "Simulated engines")]
     pub workers: u32,
 
     /// KV cache capacity of each worker, in blocks.
@@ -175,7 +189,7 @@ pub struct ReplayArgs {
     /// (--balance-ratio, --balance-abs), the least cache pressure for
     /// requests without a useful prefix (--cache-threshold,
     /// --pressure-half-life-s).
-    #[arg(long, value_delimiter = ',', default_values_t = PolicyKind::ALL, help_heading = "Routing")]
+    #[arg(long, value_delimiter = ',', value_parser = policy_value_parser(), default_values_t = PolicyKind::ALL, help_heading = "Routing")]
     pub policies: Vec<PolicyKind>,
 
     /// kv-aware (Dynamo) softmax temperature: 0 picks the cheapest worker,
@@ -230,26 +244,26 @@ pub struct ReplayArgs {
 
     /// Whose timeline of events and lookups the stress replay uses (Dynamo's
     /// mooncake_bench spreads requests at random).
-    #[arg(long, default_value_t = PolicyKind::Random, help_heading = "Index stress replay")]
+    #[arg(long, value_parser = policy_value_parser(), default_value_t = StressOptions::default().policy, help_heading = "Index stress replay")]
     pub stress_policy: PolicyKind,
 
     /// The whole timeline is replayed within this window, ms (shorter =
     /// higher rate).
-    #[arg(long, default_value_t = 2500, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), help_heading = "Index stress replay")]
+    #[arg(long, default_value_t = StressOptions::default().window_ms, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=3_600_000), help_heading = "Index stress replay")]
     pub window_ms: u64,
 
     /// Event-applying threads to try (comma-separated list); each worker's
     /// events always go to the same lane.
-    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize, 2], value_parser = lanes, help_heading = "Index stress replay")]
+    #[arg(long, value_delimiter = ',', default_values_t = StressOptions::default().event_lanes, value_parser = lanes, help_heading = "Index stress replay")]
     pub event_lanes: Vec<usize>,
 
     /// Lookup threads.
-    #[arg(long, default_value_t = 1, value_parser = lanes, help_heading = "Index stress replay")]
+    #[arg(long, default_value_t = StressOptions::default().query_lanes, value_parser = lanes, help_heading = "Index stress replay")]
     pub query_lanes: usize,
 
     /// Index implementations to compare (comma-separated); `null` does
     /// nothing and shows the harness's own ceiling.
-    #[arg(long, value_delimiter = ',', default_values_t = IndexImpl::ALL, help_heading = "Index stress replay")]
+    #[arg(long, value_delimiter = ',', value_parser = index_impl(), default_values_t = IndexImpl::REAL, help_heading = "Index stress replay")]
     pub impls: Vec<IndexImpl>,
 
     /// Find the highest rate each implementation keeps up with: halve or
@@ -258,17 +272,17 @@ pub struct ReplayArgs {
     pub sweep: bool,
 
     /// Shortest window the sweep tries, ms.
-    #[arg(long, default_value_t = 20, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Index stress replay")]
+    #[arg(long, default_value_t = SweepConfig::default().min_window_ms, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Index stress replay")]
     pub sweep_min_ms: u64,
 
     /// Longest window the sweep tries, ms.
-    #[arg(long, default_value_t = 16_000, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Index stress replay")]
+    #[arg(long, default_value_t = SweepConfig::default().max_window_ms, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Index stress replay")]
     pub sweep_max_ms: u64,
 
     /// Bisection steps after the sweep brackets the limit.
     #[arg(
         long,
-        default_value_t = 3,
+        default_value_t = SweepConfig::default().bisect_steps as u32,
         value_name = "N",
         help_heading = "Index stress replay"
     )]
@@ -370,5 +384,144 @@ impl ReplayArgs {
             max_window_ms: self.sweep_max_ms,
             bisect_steps: self.sweep_steps as usize,
         }
+    }
+
+    /// What the flags ask the library to run. The sweep bounds are checked
+    /// even without `--sweep`, as every flag is.
+    pub fn options(&self) -> Result<ReplayOptions, kvreplay::Error> {
+        let sweep = self.sweep_config();
+        sweep.validate()?;
+        let workload = match &self.trace {
+            Some(path) => WorkloadSource::Trace(TraceSource {
+                path: path.clone(),
+                skip_bad_lines: self.skip_bad_lines,
+                scaling: self.scaling(),
+            }),
+            None => WorkloadSource::Synthetic(self.synth()),
+        };
+        Ok(ReplayOptions {
+            workload,
+            max_requests: self.max_requests,
+            sim: self.sim(),
+            // `--stress`: the stress replay only.
+            policies: if self.stress {
+                Vec::new()
+            } else {
+                self.policies.clone()
+            },
+            stress: (!self.no_stress).then(|| StressOptions {
+                policy: self.stress_policy,
+                impls: self.impls.clone(),
+                window_ms: self.window_ms,
+                event_lanes: self.event_lanes.clone(),
+                query_lanes: self.query_lanes,
+                sweep: self.sweep.then_some(sweep),
+            }),
+            live: self.live.clone(),
+            json: self.json.clone(),
+            plot: self.plot.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ReplayArgs,
+    }
+
+    fn parse(flags: &[&str]) -> Result<ReplayArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("replay").chain(flags.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn no_flags_are_the_library_defaults() {
+        let opts = ReplayArgs::default().options().unwrap();
+        assert_eq!(opts, ReplayOptions::default());
+    }
+
+    #[test]
+    fn flags_reach_the_options() {
+        let a = parse(&[
+            "--trace",
+            "t.jsonl",
+            "--skip-bad-lines",
+            "--block-size",
+            "16",
+            "--stress",
+            "--stress-policy",
+            "kv-aware",
+            "--impls",
+            "null,ours",
+            "--sweep",
+            "--sweep-min-ms",
+            "5",
+            "--max-batch",
+            "32",
+        ])
+        .unwrap();
+        let o = a.options().unwrap();
+        let WorkloadSource::Trace(t) = &o.workload else {
+            panic!("{:?}", o.workload)
+        };
+        assert!(t.skip_bad_lines);
+        assert_eq!((t.scaling.block_size, o.sim.engine.block_size), (16, 16));
+        assert!(o.policies.is_empty(), "--stress: no routing comparison");
+        assert_eq!(o.sim.balance.abs, 4, "an eighth of --max-batch");
+        let s = o.stress.as_ref().unwrap();
+        assert_eq!(s.policy, PolicyKind::KvAware);
+        assert_eq!(s.impls, [IndexImpl::Null, IndexImpl::Ours]);
+        assert_eq!(s.sweep.map(|s| s.min_window_ms), Some(5));
+        assert_eq!(o.validate().map_err(|e| e.to_string()), Ok(()));
+
+        let o = parse(&["--no-stress", "--policies", "random,kv-balanced"])
+            .unwrap()
+            .options()
+            .unwrap();
+        assert!(o.stress.is_none());
+        assert_eq!(o.policies, [PolicyKind::Random, PolicyKind::KvBalanced]);
+    }
+
+    #[test]
+    fn enum_flags_parse_every_name_and_list_them_on_a_typo() {
+        for p in PolicyKind::ALL {
+            let a = parse(&["--stress-policy", p.name(), "--policies", p.name()]).unwrap();
+            assert_eq!((a.stress_policy, &a.policies[..]), (p, &[p][..]));
+        }
+        for i in IndexImpl::ALL {
+            assert_eq!(parse(&["--impls", i.name()]).unwrap().impls, [i]);
+        }
+        let e = parse(&["--impls", "btree"]).unwrap_err().to_string();
+        assert!(
+            e.contains("[possible values: ours, reference, null]"),
+            "{e}"
+        );
+        let e = parse(&["--policies", "kv"]).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "[possible values: random, round-robin, least-loaded, kv-aware, kv-balanced]"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn sweep_bounds_are_checked_even_without_sweep() {
+        let a = parse(&[
+            "--no-stress",
+            "--sweep-min-ms",
+            "100",
+            "--sweep-max-ms",
+            "50",
+        ])
+        .unwrap();
+        let e = a.options().unwrap_err().to_string();
+        assert_eq!(e, "--sweep-min-ms 100 exceeds --sweep-max-ms 50");
     }
 }
