@@ -10,6 +10,7 @@
 mod node;
 mod read;
 mod snapshot;
+mod sync;
 mod write;
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -234,7 +235,7 @@ impl ConcurrentIndex {
     /// An empty index.
     pub fn new() -> Self {
         Self {
-            root: Arc::new(RwLock::new(Node::default())),
+            root: Arc::new(sync::RwLock::new(Node::default())),
             registry: Registry::default(),
             workers: (0..WORKER_SHARDS)
                 .map(|_| RwLock::new(FMap::default()))
@@ -346,7 +347,7 @@ impl ConcurrentIndex {
         let mut stack = vec![Arc::clone(&self.root)];
         while let Some(n) = stack.pop() {
             let g = n.read();
-            h.nodes += arc(size_of::<RwLock<Node>>());
+            h.nodes += arc(size_of::<sync::RwLock<Node>>());
             if g.blocks.spilled() {
                 h.runs += g.blocks.capacity() * size_of::<LocalHash>();
             }
@@ -420,12 +421,7 @@ impl HeapBytes {
 /// (feature `test-util`).
 #[cfg(feature = "test-util")]
 pub fn reclaim_deferred() {
-    // Each flush hands this thread's deferred releases to the global queue
-    // and tries to advance the epoch; a release runs two epochs after it
-    // was deferred, so a few rounds drain everything when nobody is pinned.
-    for _ in 0..16 {
-        crossbeam_epoch::pin().flush();
-    }
+    sync::flush_deferred();
 }
 
 impl Drop for ConcurrentIndex {

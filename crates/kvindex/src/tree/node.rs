@@ -9,8 +9,8 @@
 
 use std::sync::Arc;
 
+use super::sync::{ArcWriteGuard, Guard, RwLock};
 use hashbrown::HashMap;
-use parking_lot::{RawRwLock, RwLock};
 use smallvec::SmallVec;
 
 use crate::hash::LocalHash;
@@ -18,7 +18,7 @@ use crate::hash::LocalHash;
 /// Shared handle to a node.
 pub(crate) type NodeRef = Arc<RwLock<Node>>;
 /// Owned write guard (keeps its node alive; allows hand-over-hand locking).
-pub(crate) type WGuard = parking_lot::ArcRwLockWriteGuard<RawRwLock, Node>;
+pub(crate) type WGuard = ArcWriteGuard<Node>;
 
 /// Interned worker id (index into the worker registry).
 pub(crate) type Wid = u32;
@@ -57,7 +57,7 @@ impl Linked {
     /// reference count.
     #[allow(unsafe_code)]
     #[inline]
-    pub(crate) fn pinned<'g>(&self, _guard: &'g crossbeam_epoch::Guard) -> &'g RwLock<Node> {
+    pub(crate) fn pinned<'g>(&self, _guard: &'g Guard) -> &'g RwLock<Node> {
         let p = Arc::as_ptr(self);
         // SAFETY: `self` is alive now, so its `Arc` holds one count on the
         // node and the allocation is valid now. That count is released
@@ -87,7 +87,7 @@ impl std::ops::Deref for Linked {
 impl Drop for Linked {
     fn drop(&mut self) {
         if let Some(n) = self.0.take() {
-            crossbeam_epoch::pin().defer(move || drop(n));
+            super::sync::pin().defer(move || drop(n));
         }
     }
 }
@@ -254,7 +254,7 @@ pub(crate) fn set_remove(s: &mut WorkerSet, w: Wid) -> bool {
 /// inside `x`'s write critical section.
 pub(crate) fn split(x: &mut WGuard, k: usize) -> NodeRef {
     debug_assert!(k > 0 && k < x.blocks.len());
-    let this = Arc::clone(parking_lot::ArcRwLockWriteGuard::rwlock(x));
+    let this = Arc::clone(WGuard::rwlock(x));
     let tail: Run = x.blocks[k..].iter().copied().collect();
     x.blocks.truncate(k);
     let first = tail[0];

@@ -22,7 +22,7 @@ impl ConcurrentIndex {
         };
         // Pinned for the whole walk: nodes are followed by plain reference
         // (`Linked::pinned`), with no reference count per node visited.
-        let guard = crossbeam_epoch::pin();
+        let guard = super::sync::pin();
         let mut next = self
             .root
             .read()

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use hashbrown::{HashMap, HashSet};
 
-use super::node::NodeRef;
+use super::node::{NodeRef, WGuard};
 use super::ConcurrentIndex;
 use crate::dump::{build_snapshot, events_from_snapshot, DumpWorker, SnapNode};
 use crate::event::{KvEvent, WorkerKey};
@@ -31,7 +31,7 @@ impl ConcurrentIndex {
                 st.blocks.iter().map(|(e, l)| (*e, *l)).collect();
             for (ext, loc) in locs {
                 if let Some(g) = self.lock_loc(st, loc) {
-                    let ptr = Arc::as_ptr(parking_lot::ArcRwLockWriteGuard::rwlock(&g)) as usize;
+                    let ptr = Arc::as_ptr(WGuard::rwlock(&g)) as usize;
                     r.insert((ptr, loc.depth), ext);
                 }
             }

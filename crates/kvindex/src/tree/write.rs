@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
+use super::sync::RwLock;
 use hashbrown::HashMap;
-use parking_lot::{ArcRwLockWriteGuard, RwLock};
 use smallvec::SmallVec;
 
 use super::node::{
@@ -71,7 +71,7 @@ struct Storing<'b> {
 }
 
 fn arc_of(g: &WGuard) -> NodeRef {
-    Arc::clone(ArcRwLockWriteGuard::rwlock(g))
+    Arc::clone(WGuard::rwlock(g))
 }
 
 impl ConcurrentIndex {
