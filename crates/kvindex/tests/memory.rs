@@ -46,18 +46,38 @@ fn measure(
     (full as f64 / held as f64, after)
 }
 
-#[test]
-fn memory_returns_to_empty_and_bytes_per_block() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+/// The synthetic workload's events for `workers` workers and `requests`
+/// requests (no lookups), and the workers that appear in them, sorted.
+fn workload(workers: usize, requests: usize) -> (Workload, Vec<WorkerKey>) {
     let wl = Workload::generate(WorkloadConfig {
-        workers: 32,
-        requests: 8_000,
+        workers,
+        requests,
         queries: 0,
         ..WorkloadConfig::default()
     });
-    let mut workers: Vec<WorkerKey> = wl.events.iter().map(|e| e.worker).collect();
-    workers.sort();
-    workers.dedup();
+    let mut keys: Vec<WorkerKey> = wl.events.iter().map(|e| e.worker).collect();
+    keys.sort();
+    keys.dedup();
+    (wl, keys)
+}
+
+/// Live heap the allocator counts for a fresh index fed every event of
+/// `wl` (deferred releases reclaimed first), and the index.
+fn populated(wl: &Workload) -> (isize, ConcurrentIndex) {
+    kvindex::reclaim_deferred();
+    let before = live();
+    let ours = ConcurrentIndex::new();
+    for ev in &wl.events {
+        let _ = ours.apply(ev);
+    }
+    kvindex::reclaim_deferred();
+    (live() - before, ours)
+}
+
+#[test]
+fn memory_returns_to_empty_and_bytes_per_block() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (wl, workers) = workload(32, 8_000);
     // Held (worker, block) pairs at the end, counted with the reference.
     let probe = ReferenceIndex::new();
     for ev in &wl.events {
@@ -92,19 +112,10 @@ fn memory_returns_to_empty_and_bytes_per_block() {
 #[test]
 fn dropping_a_populated_index_frees_everything() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let wl = Workload::generate(WorkloadConfig {
-        workers: 16,
-        requests: 4_000,
-        queries: 0,
-        ..WorkloadConfig::default()
-    });
+    let (wl, _) = workload(16, 4_000);
     kvindex::reclaim_deferred();
     let before = live();
-    let ours = ConcurrentIndex::new();
-    for ev in &wl.events {
-        let _ = ours.apply(ev);
-    }
-    let full = live() - before;
+    let (full, ours) = populated(&wl);
     assert!(full > 100_000, "populated: {full} B");
     drop(ours);
     kvindex::reclaim_deferred();
@@ -120,20 +131,9 @@ fn dropping_a_populated_index_frees_everything() {
 #[test]
 fn heap_bytes_agrees_with_the_allocator() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let wl = Workload::generate(WorkloadConfig {
-        workers: 24,
-        requests: 6_000,
-        queries: 0,
-        ..WorkloadConfig::default()
-    });
-    kvindex::reclaim_deferred();
-    let before = live();
-    let ours = ConcurrentIndex::new();
-    for ev in &wl.events {
-        let _ = ours.apply(ev);
-    }
-    kvindex::reclaim_deferred();
-    let counted = (live() - before) as f64;
+    let (wl, workers) = workload(24, 6_000);
+    let (counted, ours) = populated(&wl);
+    let counted = counted as f64;
     let own = ours.heap_bytes().total() as f64;
     eprintln!("heap bytes: allocator {counted}, heap_bytes {own}");
     assert!(
@@ -141,9 +141,6 @@ fn heap_bytes_agrees_with_the_allocator() {
         "heap_bytes {own} vs allocator {counted}"
     );
     // Empty again after every worker clears: only per-worker bookkeeping.
-    let mut workers: Vec<WorkerKey> = wl.events.iter().map(|e| e.worker).collect();
-    workers.sort();
-    workers.dedup();
     for (i, w) in workers.iter().enumerate() {
         ours.apply(&KvEvent {
             worker: *w,

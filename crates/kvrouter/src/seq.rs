@@ -398,44 +398,32 @@ mod tests {
         );
     }
 
-    #[test]
-    fn too_many_held_bytes_give_up_the_replay() {
-        // u64 payloads weigh 8 bytes: two fit in 20, a third does not.
-        let mut s = Sequencer::new(0, true, 100).with_max_held_bytes(20);
-        s.live(0, 0);
-        assert_eq!(s.live(2, 2), vec![Step::Replay(1)]);
-        assert!(s.live(3, 3).is_empty());
-        assert_eq!(
-            s.live(4, 4),
-            vec![
-                Step::CancelReplay,
-                Step::Clear(Clear::Resync),
-                Step::Apply(2, 2),
-                Step::Apply(3, 3),
-                Step::Apply(4, 4)
-            ]
-        );
-        assert_eq!((s.held(), s.held_bytes), (0, 0));
-    }
-
+    /// Holding past either bound (batches, or bytes: u64 payloads weigh 8,
+    /// so two fit in 20 and a third does not) gives the replay up: the
+    /// worker resyncs and the held batches apply in order.
     #[test]
     fn too_much_held_gives_up_the_replay() {
-        let mut s = Sequencer::new(0, true, 2);
-        s.live(0, 0);
-        s.live(2, 2);
-        s.live(3, 3);
-        assert_eq!(
-            s.live(4, 4),
-            vec![
-                Step::CancelReplay,
-                Step::Clear(Clear::Resync),
-                Step::Apply(2, 2),
-                Step::Apply(3, 3),
-                Step::Apply(4, 4)
-            ]
-        );
-        assert!(s.current());
-        assert!(s.replayed(1, 1).is_empty());
+        let by_count = Sequencer::new(0, true, 2);
+        let by_bytes = Sequencer::new(0, true, 100).with_max_held_bytes(20);
+        for (bound, mut s) in [("batches", by_count), ("bytes", by_bytes)] {
+            s.live(0, 0);
+            assert_eq!(s.live(2, 2), vec![Step::Replay(1)], "{bound}");
+            assert!(s.live(3, 3).is_empty(), "{bound}");
+            assert_eq!(
+                s.live(4, 4),
+                vec![
+                    Step::CancelReplay,
+                    Step::Clear(Clear::Resync),
+                    Step::Apply(2, 2),
+                    Step::Apply(3, 3),
+                    Step::Apply(4, 4)
+                ],
+                "{bound}"
+            );
+            assert_eq!((s.held(), s.held_bytes), (0, 0), "{bound}");
+            assert!(s.current(), "{bound}");
+            assert!(s.replayed(1, 1).is_empty(), "{bound}");
+        }
     }
 
     /// What the publisher does, seen from the router.
