@@ -667,6 +667,47 @@ fn check_len(index: &AnyIndex<impl Sized>, len: usize) -> Result<()> {
     }
 }
 
+/// Refuses a revision-checked write (`cas`) unless the object it replaces,
+/// `old`, exists at the expected revision.
+#[inline(always)]
+fn check_revision<T>(
+    old: Option<&Obj<T>>,
+    cas: Option<Revision>,
+) -> std::result::Result<(), Failure> {
+    if let Some(expected) = cas {
+        match old {
+            None => return Err(Failure::Refused(Error::ObjectNotFound)),
+            Some(o) if o.revision() != expected => {
+                return Err(Failure::Refused(Error::RevisionMismatch {
+                    expected,
+                    found: o.revision(),
+                }))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// `value` merged into the object it replaces, `old`, by `merge`; refused
+/// if the result's primary key is not `pk`, the written value's.
+#[inline(always)]
+fn merged<T>(
+    primary: &AnyIndex<T>,
+    pk: &KeyBuf,
+    old: &Obj<T>,
+    value: T,
+    merge: Merge<'_, T>,
+) -> std::result::Result<T, Failure> {
+    let value = merge(old.value(), value);
+    let mut k = KeyBuf::default();
+    primary.keys_of(&value, &mut k);
+    if k.get(0) != pk.get(0) {
+        return Err(Failure::Refused(Error::MergeChangedKey));
+    }
+    Ok(value)
+}
+
 /// Why a table write failed: refused before anything changed (the
 /// transaction goes on), or failed part-way, after its checks passed (the
 /// transaction may hold half of the write, so it is poisoned: it refuses
@@ -759,6 +800,15 @@ impl<T: Storable> TableTxn<T> {
 
     /// Inserts or replaces `value`; `merge` combines an existing object with
     /// it; `cas` requires the existing object's revision.
+    ///
+    /// Every check precedes the first tree change: the primary key
+    /// ([`Self::primary_key`]), the old object's revision
+    /// ([`check_revision`]), the merge ([`merged`]), the secondary keys and
+    /// unique conflicts ([`Self::check_secondaries`]). Then the writes: the
+    /// primary index ([`Self::write_primary`]), the revision index
+    /// ([`Self::write_revision`]) and the secondary indexes
+    /// ([`Self::write_secondaries`]). There is no graveyard step: only
+    /// deletes write the graveyard.
     pub(crate) fn upsert(
         &mut self,
         keys: &mut KeyScratch,
@@ -768,51 +818,71 @@ impl<T: Storable> TableTxn<T> {
         cas: Option<Revision>,
     ) -> std::result::Result<Option<Obj<T>>, Failure> {
         let idx = &t.indexes;
-        idx[0].keys_of(&value, &mut keys.new_keys[0]);
-        check_len(
-            &idx[0],
-            stored_len(self.layout, true, keys.new_keys[0].get(0), 0),
-        )?;
-        keys.pk.clear();
-        expand(self.layout, keys.new_keys[0].get(0), &mut keys.pk);
+        self.primary_key(keys, &idx[0], &value)?;
         // A merge, a revision check or a unique secondary index needs the
         // old object before anything is written; a plain upsert learns it
         // from the primary index's write (one walk instead of two).
         let look_first = merge.is_some() || cas.is_some() || t.unique_secondary;
-        let mut old = if look_first {
-            self.indexes[0].get(&keys.pk).cloned()
-        } else {
-            None
+        let mut old = None;
+        if look_first {
+            old = self.indexes[0].get(&keys.pk).cloned();
+            check_revision(old.as_ref(), cas)?;
+            if let (Some(f), Some(o)) = (merge, &old) {
+                value = merged(&idx[0], &keys.new_keys[0], o, value, f)?;
+            }
+        }
+        self.check_secondaries(keys, t, &value, old.as_ref())?;
+        // Past the checks: a tree write cannot fail (every key was checked
+        // against `stored_len`); if one did, `Failure::PartWay` poisons the
+        // transaction rather than leave half a write to commit.
+        let rev = self.revision + 1;
+        let kept = self.write_primary(keys, t, value, rev, look_first, &mut old)?;
+        self.revision = rev;
+        let Some(obj) = kept else {
+            return Ok(old);
         };
-        if let Some(expected) = cas {
-            match &old {
-                None => return Err(Failure::Refused(Error::ObjectNotFound)),
-                Some(o) if o.revision() != expected => {
-                    return Err(Failure::Refused(Error::RevisionMismatch {
-                        expected,
-                        found: o.revision(),
-                    }))
-                }
-                Some(_) => {}
-            }
-        }
-        if let (Some(f), Some(o)) = (merge, &old) {
-            value = f(o.value(), value);
-            let mut k = KeyBuf::default();
-            idx[0].keys_of(&value, &mut k);
-            if k.get(0) != keys.new_keys[0].get(0) {
-                return Err(Failure::Refused(Error::MergeChangedKey));
-            }
-        }
+        self.write_revision(old.as_ref(), rev, &obj);
+        self.write_secondaries(keys, t, old.as_ref(), &obj)?;
+        Ok(old)
+    }
+
+    /// Encodes `value`'s primary key into `keys.new_keys[0]`, checks its
+    /// stored length and expands it into `keys.pk`.
+    #[inline(always)]
+    fn primary_key(
+        &self,
+        keys: &mut KeyScratch,
+        primary: &AnyIndex<T>,
+        value: &T,
+    ) -> std::result::Result<(), Failure> {
+        primary.keys_of(value, &mut keys.new_keys[0]);
+        let pk = keys.new_keys[0].get(0);
+        check_len(primary, stored_len(self.layout, true, pk, 0))?;
+        keys.pk.clear();
+        expand(self.layout, pk, &mut keys.pk);
+        Ok(())
+    }
+
+    /// Encodes `value`'s secondary keys into `keys.new_keys[1..]` and checks
+    /// each: its stored length, and for a unique index that no object but
+    /// `old` (the one being replaced) holds it.
+    #[inline(always)]
+    fn check_secondaries(
+        &self,
+        keys: &mut KeyScratch,
+        t: &TableInner<T>,
+        value: &T,
+        old: Option<&Obj<T>>,
+    ) -> std::result::Result<(), Failure> {
         let pk_len = keys.new_keys[0].get(0).len();
-        for (i, ix) in idx.iter().enumerate().skip(1) {
-            ix.keys_of(&value, &mut keys.new_keys[i]);
+        for (i, ix) in t.indexes.iter().enumerate().skip(1) {
+            ix.keys_of(value, &mut keys.new_keys[i]);
             for k in keys.new_keys[i].iter() {
                 check_len(ix, stored_len(self.layout, ix.is_unique(), k, pk_len))?;
                 if ix.is_unique() {
                     let s = stored(self.layout, true, k, &[], &mut keys.scratch);
                     if let Some(e) = self.indexes[i].get(s) {
-                        if old.as_ref().is_none_or(|o| !triomphe::Arc::ptr_eq(e, o)) {
+                        if old.is_none_or(|o| !triomphe::Arc::ptr_eq(e, o)) {
                             return Err(Failure::Refused(Error::UniqueConflict {
                                 table: t.meta.name.clone(),
                                 index: ix.name().to_string(),
@@ -822,10 +892,24 @@ impl<T: Storable> TableTxn<T> {
                 }
             }
         }
-        // Past the checks: a tree write cannot fail (every key was checked
-        // against `stored_len`); if one did, `Failure::PartWay` poisons the
-        // transaction rather than leave half a write to commit.
-        let rev = self.revision + 1;
+        Ok(())
+    }
+
+    /// Writes the new object of `value` at revision `rev` into the primary
+    /// index under `keys.pk`; `old` is the object it replaces, looked up
+    /// first if `looked_up`, else learned here from the primary index's
+    /// write. Returns a handle on the new object for the other trees, if
+    /// any takes it.
+    #[inline(always)]
+    fn write_primary(
+        &mut self,
+        keys: &KeyScratch,
+        t: &TableInner<T>,
+        value: T,
+        rev: Revision,
+        looked_up: bool,
+        old: &mut Option<Obj<T>>,
+    ) -> std::result::Result<Option<Obj<T>>, Failure> {
         let new = |old: Option<&Obj<T>>| {
             let created = old.map_or(rev, |o| o.created_revision());
             triomphe::Arc::new(Object::new(value, rev, created))
@@ -833,17 +917,18 @@ impl<T: Storable> TableTxn<T> {
         // A handle on the new object beside the primary index's only when
         // another tree takes it too: the clone and its drop were two
         // locked instructions of every primary-only write.
-        let fan_out = self.revisions.is_some() || idx.len() > 1;
-        let kept = if look_first {
+        let fan_out = self.revisions.is_some() || t.indexes.len() > 1;
+        let name = t.indexes[0].name();
+        if looked_up {
             let obj = new(old.as_ref());
             let kept = fan_out.then(|| obj.clone());
             self.indexes[0]
                 .insert(&keys.pk, obj)
-                .map_err(part_way(idx[0].name()))?;
-            kept
+                .map_err(part_way(name))?;
+            Ok(kept)
         } else {
             let mut kept = None;
-            old = self.indexes[0]
+            *old = self.indexes[0]
                 .modify(&keys.pk, |o| {
                     let obj = new(o);
                     if fan_out {
@@ -851,23 +936,37 @@ impl<T: Storable> TableTxn<T> {
                     }
                     obj
                 })
-                .map_err(part_way(idx[0].name()))?;
-            kept
-        };
-        self.revision = rev;
-        let Some(obj) = kept else {
-            return Ok(old);
-        };
-        let pk = keys.new_keys[0].get(0);
+                .map_err(part_way(name))?;
+            Ok(kept)
+        }
+    }
+
+    /// Moves the object in the revision index, if the table has one: `old`'s
+    /// entry out, `obj`'s in under `rev`.
+    #[inline(always)]
+    fn write_revision(&mut self, old: Option<&Obj<T>>, rev: Revision, obj: &Obj<T>) {
         if let Some(r) = &mut self.revisions {
-            if let Some(o) = &old {
+            if let Some(o) = old {
                 r.delete(&rev_key(o.revision()));
             }
             insert_rev(r, rev, obj.clone());
         }
-        for (i, ix) in idx.iter().enumerate().skip(1) {
+    }
+
+    /// Writes `obj` into each secondary index under the keys in
+    /// `keys.new_keys[1..]`, deleting `old`'s keys that are not among them.
+    #[inline(always)]
+    fn write_secondaries(
+        &mut self,
+        keys: &mut KeyScratch,
+        t: &TableInner<T>,
+        old: Option<&Obj<T>>,
+        obj: &Obj<T>,
+    ) -> std::result::Result<(), Failure> {
+        let pk = keys.new_keys[0].get(0);
+        for (i, ix) in t.indexes.iter().enumerate().skip(1) {
             let unique = ix.is_unique();
-            if let Some(o) = &old {
+            if let Some(o) = old {
                 ix.keys_of(o.value(), &mut keys.old_keys);
                 for k in keys.old_keys.iter() {
                     if !keys.new_keys[i].contains(k) {
@@ -883,7 +982,7 @@ impl<T: Storable> TableTxn<T> {
                     .map_err(part_way(ix.name()))?;
             }
         }
-        Ok(old)
+        Ok(())
     }
 
     /// Deletes the object with primary key `pk`.
