@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use kvindex::KvEventData;
 use kvreplay::policy::PolicyKind;
-use kvreplay::replay::{entry_block_ops, request_hashes, simulate, TimelineEntry};
+use kvreplay::replay::{entry_block_ops, request_hashes, simulate, SimInput, TimelineEntry};
 use kvreplay::stress::IndexImpl;
 use kvreplay::{load_workload, NoProgress, ReplayOptions};
 
@@ -20,16 +20,12 @@ fn main() {
     let opts = ReplayOptions::default();
     let (workload, _) = load_workload(&opts).expect("synthetic workload");
     let hashes = request_hashes(&workload);
-    let run = simulate(
-        &workload,
-        &hashes,
-        &opts.sim,
-        PolicyKind::Random,
-        None,
-        true,
-        &NoProgress,
-    )
-    .expect("simulation");
+    let input = SimInput {
+        workload: &workload,
+        hashes: &hashes,
+        cfg: &opts.sim,
+    };
+    let run = simulate(input, PolicyKind::Random, None, true, &NoProgress).expect("simulation");
     let tl = run.timeline.expect("recorded");
     let mut all: Vec<(u64, &TimelineEntry)> = tl
         .per_worker

@@ -45,7 +45,7 @@ pub use progress::{NoProgress, Progress, ProgressTask};
 pub use report::Report;
 
 use crate::policy::PolicyKind;
-use crate::replay::{request_hashes, simulate, PolicyOutcome, ReplayError};
+use crate::replay::{request_hashes, simulate, PolicyOutcome, ReplayError, SimInput};
 use crate::report::WorkloadSummary;
 use crate::stress::{run_stress, sweep, StressConfig};
 use crate::synth::SynthError;
@@ -137,6 +137,11 @@ pub fn run(opts: &ReplayOptions, progress: &dyn Progress) -> Result<Report, Erro
     let (workload, summary) = load_workload(opts)?;
     let hashes = request_hashes(&workload);
     loading.finish();
+    let input = SimInput {
+        workload: &workload,
+        hashes: &hashes,
+        cfg: &sim,
+    };
 
     let stress_opts = opts.stress.as_ref().filter(|s| !s.impls.is_empty());
     let mut policies = opts.policies.clone();
@@ -161,7 +166,7 @@ pub fn run(opts: &ReplayOptions, progress: &dyn Progress) -> Result<Report, Erro
             workload.requests.len() as u64,
         );
         let index = kvindex::ConcurrentIndex::new();
-        let run = simulate(&workload, &hashes, &sim, p, Some(&index), record, &*task)?;
+        let run = simulate(input, p, Some(&index), record, &*task)?;
         task.finish();
         if record {
             timeline = run.timeline;
@@ -170,7 +175,7 @@ pub fn run(opts: &ReplayOptions, progress: &dyn Progress) -> Result<Report, Erro
     }
     if let Some(url) = &opts.live {
         for &p in &policies {
-            live.push(run_live(url, &workload, &hashes, &sim, p, progress)?);
+            live.push(run_live(url, input, p, progress)?);
         }
     }
     outcomes.retain(|o| policies.contains(&o.policy));
@@ -212,21 +217,19 @@ pub fn run(opts: &ReplayOptions, progress: &dyn Progress) -> Result<Report, Erro
 #[cfg(feature = "live")]
 fn run_live(
     url: &str,
-    workload: &Workload,
-    hashes: &[std::sync::Arc<[kvindex::LocalHash]>],
-    sim: &replay::SimConfig,
+    input: SimInput<'_>,
     p: PolicyKind,
     progress: &dyn Progress,
 ) -> Result<PolicyOutcome, Error> {
     static RUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let model = format!("kvreplay-{}-{}-{n}", std::process::id(), p.name());
-    let mut d = live::LiveRouter::connect(url, &model, sim.workers, p)?;
+    let mut d = live::LiveRouter::connect(url, &model, input.cfg.workers, p)?;
     let task = progress.start(
         &format!("live: {}", p.name()),
-        workload.requests.len() as u64,
+        input.workload.requests.len() as u64,
     );
-    let run = replay::simulate_with(workload, hashes, sim, p, &mut d, false, &*task);
+    let run = replay::simulate_with(input, p, &mut d, false, &*task);
     task.finish();
     d.close();
     Ok(run?.outcome)
@@ -236,9 +239,7 @@ fn run_live(
 #[cfg(not(feature = "live"))]
 fn run_live(
     _url: &str,
-    _workload: &Workload,
-    _hashes: &[std::sync::Arc<[kvindex::LocalHash]>],
-    _sim: &replay::SimConfig,
+    _input: SimInput<'_>,
     _p: PolicyKind,
     _progress: &dyn Progress,
 ) -> Result<PolicyOutcome, Error> {

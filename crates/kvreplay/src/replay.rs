@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use kvroute::LoadTracker;
 
-use crate::engine::{external_hashes, local_hash, Engine, EngineConfig, EngineRequest};
+use crate::engine::{external_hashes, local_hash, Admitted, Engine, EngineConfig, EngineRequest};
 use crate::policy::{Balance, KvCost, PolicyKind, Router, WorkerLoad};
 use crate::progress::ProgressTask;
 use crate::trace::Workload;
@@ -316,181 +316,315 @@ pub fn worker_key(i: usize) -> WorkerKey {
     }
 }
 
-/// Runs `workload` through `cfg.workers` engines routed by `policy` in
-/// process ([`InProcess`]). The KV-aware policies consult and feed
-/// `index`, which must start empty; other policies ignore it. `hashes`
-/// comes from [`request_hashes`]. Each routed request counts one unit on
-/// `progress` (a task of `workload.requests.len()` units).
+/// What a simulation replays: the workload, its requests' local hashes and
+/// the fleet that serves it.
+#[derive(Clone, Copy)]
+pub struct SimInput<'a> {
+    /// The requests, in arrival order.
+    pub workload: &'a Workload,
+    /// `hashes[i]` is request `i`'s local hashes, from [`request_hashes`].
+    pub hashes: &'a [Arc<[LocalHash]>],
+    /// The fleet.
+    pub cfg: &'a SimConfig,
+}
+
+/// Runs `input.workload` through `input.cfg.workers` engines routed by
+/// `policy` in process ([`InProcess`]). The KV-aware policies consult and
+/// feed `index`, which must start empty; other policies ignore it. Records
+/// a [`Timeline`] when `record_timeline`. Each routed request counts one
+/// unit on `progress` (a task of `workload.requests.len()` units).
 pub fn simulate(
-    workload: &Workload,
-    hashes: &[Arc<[LocalHash]>],
-    cfg: &SimConfig,
+    input: SimInput<'_>,
     policy: PolicyKind,
     index: Option<&dyn KvIndexer>,
     record_timeline: bool,
     progress: &dyn ProgressTask,
 ) -> Result<SimRun, ReplayError> {
-    let mut d = InProcess::new(cfg, policy, index);
-    simulate_with(
-        workload,
-        hashes,
-        cfg,
-        policy,
-        &mut d,
-        record_timeline,
-        progress,
-    )
+    let mut d = InProcess::new(input.cfg, policy, index);
+    simulate_with(input, policy, &mut d, record_timeline, progress)
 }
 
-/// Simulates `workload` with routing decisions from `dispatch` (`policy`
-/// names them in the outcome); progress as in [`simulate`].
+/// Simulates `input` with routing decisions from `dispatch` (`policy`
+/// names them in the outcome); timeline and progress as in [`simulate`].
 pub fn simulate_with(
-    workload: &Workload,
-    hashes: &[Arc<[LocalHash]>],
-    cfg: &SimConfig,
+    input: SimInput<'_>,
     policy: PolicyKind,
     dispatch: &mut dyn Dispatch,
     record_timeline: bool,
     progress: &dyn ProgressTask,
 ) -> Result<SimRun, ReplayError> {
-    cfg.validate()?;
+    input.cfg.validate()?;
     let started = Instant::now();
-    let n = cfg.workers;
-    let mut engines: Vec<Engine> = (0..n)
-        .map(|i| Engine::new(worker_key(i), cfg.engine))
-        .collect();
-    let mut timeline = record_timeline.then(|| Timeline {
-        per_worker: vec![Vec::new(); n],
-    });
-    let mut ttft = Histogram::<u64>::new_with_bounds(1, 1 << 42, 3).expect("histogram bounds");
-    let mut ttft_sum = 0f64;
-    let mut done: BinaryHeap<Reverse<(u64, usize, usize)>> = BinaryHeap::new();
-    let mut events: Vec<(u64, KvEvent)> = Vec::new();
-    let (mut blocks_requested, mut blocks_reused, mut prefill_tokens, mut n_events) =
-        (0u64, 0u64, 0u64, 0u64);
-    let mut last_t = 0u64;
+    let mut fleet = Fleet::new(input, dispatch, record_timeline, progress);
+    while let Some((now, worker)) = fleet.advance()? {
+        fleet.step_engine(now, worker);
+        fleet.publish_events(now, worker)?;
+    }
+    progress.inc((input.workload.requests.len() % 1024) as u64);
+    Ok(fleet.finish(policy, started))
+}
 
-    let mut next = 0usize;
-    let reqs = &workload.requests;
-    // First tokens: (time, request). They only tell the router; the
-    // engines do not step on them.
-    let mut first_tokens: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
-    loop {
-        let next_arrival = reqs.get(next).map(|r| r.arrival_us);
-        let next_done = done.peek().map(|Reverse(d)| d.0);
+/// The state of a running simulation: the engines, the pending arrivals,
+/// first tokens and completions, the timeline being recorded and the
+/// running totals.
+struct Fleet<'a, 'd> {
+    input: SimInput<'a>,
+    dispatch: &'d mut dyn Dispatch,
+    progress: &'a dyn ProgressTask,
+    engines: Vec<Engine>,
+    /// Index of the next request to arrive.
+    next: usize,
+    /// Completions: (time, worker, request).
+    done: BinaryHeap<Reverse<(u64, usize, usize)>>,
+    /// First tokens: (time, request). They only tell the router; the
+    /// engines do not step on them.
+    first_tokens: BinaryHeap<Reverse<(u64, usize)>>,
+    /// The events of the current engine step.
+    events: Vec<(u64, KvEvent)>,
+    timeline: Option<Timeline>,
+    tally: Tally,
+}
+
+impl<'a, 'd> Fleet<'a, 'd> {
+    /// Idle engines, nothing arrived yet.
+    fn new(
+        input: SimInput<'a>,
+        dispatch: &'d mut dyn Dispatch,
+        record_timeline: bool,
+        progress: &'a dyn ProgressTask,
+    ) -> Self {
+        let n = input.cfg.workers;
+        Self {
+            input,
+            dispatch,
+            progress,
+            engines: (0..n)
+                .map(|i| Engine::new(worker_key(i), input.cfg.engine))
+                .collect(),
+            next: 0,
+            done: BinaryHeap::new(),
+            first_tokens: BinaryHeap::new(),
+            events: Vec::new(),
+            timeline: record_timeline.then(|| Timeline {
+                per_worker: vec![Vec::new(); n],
+            }),
+            tally: Tally::new(),
+        }
+    }
+
+    /// Moves the clock to the next arrival or completion, whichever comes
+    /// first (completions on ties), telling the router of the first tokens
+    /// due until then, and handles it. Returns the time and the worker
+    /// whose engine must step, or `None` when nothing is left.
+    #[inline(always)]
+    fn advance(&mut self) -> Result<Option<(u64, usize)>, ReplayError> {
+        let next_arrival = self
+            .input
+            .workload
+            .requests
+            .get(self.next)
+            .map(|r| r.arrival_us);
+        let next_done = self.done.peek().map(|Reverse(d)| d.0);
         let horizon = match (next_arrival, next_done) {
             (Some(a), Some(d)) => a.min(d),
             (a, d) => a.or(d).unwrap_or(u64::MAX),
         };
-        while let Some(&Reverse((t, id))) = first_tokens.peek() {
+        self.deliver_first_tokens(horizon)?;
+        let step = match (next_arrival, next_done) {
+            (None, None) => return Ok(None),
+            (Some(a), Some(d)) if d <= a => self.complete_next()?,
+            (None, Some(_)) => self.complete_next()?,
+            (Some(a), _) => self.arrive_next(a)?,
+        };
+        Ok(Some(step))
+    }
+
+    /// Tells the router of every first token due at or before `horizon`.
+    #[inline(always)]
+    fn deliver_first_tokens(&mut self, horizon: u64) -> Result<(), ReplayError> {
+        while let Some(&Reverse((t, id))) = self.first_tokens.peek() {
             if t > horizon {
                 break;
             }
-            first_tokens.pop();
-            dispatch.prefilled(t, id)?;
+            self.first_tokens.pop();
+            self.dispatch.prefilled(t, id)?;
         }
-        let (now, worker) = match (next_arrival, next_done) {
-            (None, None) => break,
-            (Some(a), Some(d)) if d <= a => {
-                let Reverse((t, w, id)) = done.pop().expect("peeked");
-                engines[w].finish(id);
-                dispatch.complete(t, id)?;
-                (t, w)
-            }
-            (None, Some(_)) => {
-                let Reverse((t, w, id)) = done.pop().expect("peeked");
-                engines[w].finish(id);
-                dispatch.complete(t, id)?;
-                (t, w)
-            }
-            (Some(a), _) => {
-                let i = next;
-                next += 1;
-                if next.is_multiple_of(1024) {
-                    progress.inc(1024);
-                }
-                let r = &reqs[i];
-                let h = &hashes[i];
-                let w = dispatch.route(a, i, h)?;
-                if w >= n {
-                    return Err(ReplayError::Live(format!(
-                        "routed request {i} to worker {w} of {n}"
-                    )));
-                }
-                if let Some(tl) = timeline.as_mut() {
-                    tl.per_worker[w].push((a, TimelineEntry::Query(h.clone())));
-                }
-                engines[w].enqueue(EngineRequest {
-                    id: i,
-                    arrival_us: r.arrival_us,
-                    input_tokens: r.input_tokens,
-                    output_tokens: r.output_tokens,
-                    locals: h.to_vec(),
-                    exts: external_hashes(worker_key(w), &r.blocks),
-                });
-                (a, w)
-            }
-        };
-        last_t = last_t.max(now);
-        let admitted = engines[worker].schedule(now, &mut events);
-        for a in admitted {
-            blocks_requested += a.prompt_blocks as u64;
-            blocks_reused += a.hit_blocks as u64;
-            prefill_tokens += a.prefill_tokens;
-            ttft.saturating_record(a.ttft_us.max(1));
-            ttft_sum += a.ttft_us as f64;
-            done.push(Reverse((a.done_us, worker, a.id)));
-            first_tokens.push(Reverse((reqs[a.id].arrival_us + a.ttft_us, a.id)));
+        Ok(())
+    }
+
+    /// Completes the earliest running request on its engine and tells the
+    /// router. Returns its time and worker.
+    #[inline(always)]
+    fn complete_next(&mut self) -> Result<(u64, usize), ReplayError> {
+        let Reverse((t, w, id)) = self.done.pop().expect("peeked");
+        self.engines[w].finish(id);
+        self.dispatch.complete(t, id)?;
+        Ok((t, w))
+    }
+
+    /// Routes the next request, arriving at `now`, and queues it on the
+    /// chosen engine. Returns `now` and the worker.
+    #[inline(always)]
+    fn arrive_next(&mut self, now: u64) -> Result<(u64, usize), ReplayError> {
+        let i = self.next;
+        self.next += 1;
+        if self.next.is_multiple_of(1024) {
+            self.progress.inc(1024);
         }
-        if !events.is_empty() {
-            n_events += events.len() as u64;
-            let evs: Vec<KvEvent> = events.iter().map(|(_, e)| e.clone()).collect();
-            dispatch.publish(now, worker, &evs)?;
-            if let Some(tl) = timeline.as_mut() {
-                tl.per_worker[worker].extend(
-                    events
-                        .drain(..)
-                        .map(|(t, ev)| (t, TimelineEntry::Event(ev))),
-                );
-            }
-            events.clear();
+        let r = &self.input.workload.requests[i];
+        let h = &self.input.hashes[i];
+        let w = self.route(now, i, h)?;
+        self.record_query(now, w, h);
+        self.engines[w].enqueue(EngineRequest {
+            id: i,
+            arrival_us: r.arrival_us,
+            input_tokens: r.input_tokens,
+            output_tokens: r.output_tokens,
+            locals: h.to_vec(),
+            exts: external_hashes(worker_key(w), &r.blocks),
+        });
+        Ok((now, w))
+    }
+
+    /// Asks the dispatch for request `i`'s worker and checks it exists.
+    #[inline(always)]
+    fn route(&mut self, now: u64, i: usize, h: &[LocalHash]) -> Result<usize, ReplayError> {
+        let n = self.input.cfg.workers;
+        let w = self.dispatch.route(now, i, h)?;
+        if w >= n {
+            return Err(ReplayError::Live(format!(
+                "routed request {i} to worker {w} of {n}"
+            )));
+        }
+        Ok(w)
+    }
+
+    /// Records worker `w`'s lookup of `h` at `now` on the timeline, when
+    /// recording.
+    #[inline(always)]
+    fn record_query(&mut self, now: u64, w: usize, h: &Arc<[LocalHash]>) {
+        if let Some(tl) = self.timeline.as_mut() {
+            tl.per_worker[w].push((now, TimelineEntry::Query(h.clone())));
         }
     }
-    progress.inc((reqs.len() % 1024) as u64);
 
-    let work: Vec<f64> = engines.iter().map(|e| e.work_tokens as f64).collect();
-    let mean = work.iter().sum::<f64>() / n as f64;
-    let max = work.iter().copied().fold(0.0, f64::max);
-    let served: Vec<u64> = engines.iter().map(|e| e.served).collect();
-    let count = ttft.len().max(1);
-    let outcome = PolicyOutcome {
-        policy,
-        requests: ttft.len(),
-        blocks_requested,
-        blocks_reused,
-        hit_rate: if blocks_requested == 0 {
-            0.0
-        } else {
-            blocks_reused as f64 / blocks_requested as f64
-        },
-        prefill_tokens,
-        ttft_p50_ms: ttft.value_at_quantile(0.5) as f64 / 1000.0,
-        ttft_p99_ms: ttft.value_at_quantile(0.99) as f64 / 1000.0,
-        ttft_mean_ms: ttft_sum / count as f64 / 1000.0,
-        load_imbalance: if mean > 0.0 { max / mean } else { 1.0 },
-        requests_per_worker: (
-            served.iter().copied().min().unwrap_or(0),
-            served.iter().copied().max().unwrap_or(0),
-        ),
-        events: n_events,
-        simulated_s: last_t as f64 / 1e6,
-        wall_ms: started.elapsed().as_secs_f64() * 1000.0,
-    };
-    Ok(SimRun {
-        outcome,
-        engines,
-        timeline,
-    })
+    /// Steps `worker`'s engine at `now`: it admits what it can, whose
+    /// completions and first tokens are scheduled, and buffers its events.
+    #[inline(always)]
+    fn step_engine(&mut self, now: u64, worker: usize) {
+        self.tally.last_t = self.tally.last_t.max(now);
+        let admitted = self.engines[worker].schedule(now, &mut self.events);
+        let reqs = &self.input.workload.requests;
+        for a in admitted {
+            self.tally.admitted(&a);
+            self.done.push(Reverse((a.done_us, worker, a.id)));
+            self.first_tokens
+                .push(Reverse((reqs[a.id].arrival_us + a.ttft_us, a.id)));
+        }
+    }
+
+    /// Publishes the events of `worker`'s engine step at `now` to the
+    /// router and records them on the timeline, when recording.
+    #[inline(always)]
+    fn publish_events(&mut self, now: u64, worker: usize) -> Result<(), ReplayError> {
+        if self.events.is_empty() {
+            return Ok(());
+        }
+        self.tally.events += self.events.len() as u64;
+        let evs: Vec<KvEvent> = self.events.iter().map(|(_, e)| e.clone()).collect();
+        self.dispatch.publish(now, worker, &evs)?;
+        if let Some(tl) = self.timeline.as_mut() {
+            tl.per_worker[worker].extend(
+                self.events
+                    .drain(..)
+                    .map(|(t, ev)| (t, TimelineEntry::Event(ev))),
+            );
+        }
+        self.events.clear();
+        Ok(())
+    }
+
+    /// The run's summary, engines and timeline.
+    fn finish(self, policy: PolicyKind, started: Instant) -> SimRun {
+        SimRun {
+            outcome: self.tally.outcome(policy, &self.engines, started),
+            engines: self.engines,
+            timeline: self.timeline,
+        }
+    }
+}
+
+/// Running totals of a simulation.
+struct Tally {
+    /// TTFT of every admitted request, µs.
+    ttft: Histogram<u64>,
+    /// Their sum, µs.
+    ttft_sum: f64,
+    blocks_requested: u64,
+    blocks_reused: u64,
+    prefill_tokens: u64,
+    /// Events published.
+    events: u64,
+    /// The latest simulated time, µs.
+    last_t: u64,
+}
+
+impl Tally {
+    /// Nothing counted yet.
+    fn new() -> Self {
+        Self {
+            ttft: Histogram::<u64>::new_with_bounds(1, 1 << 42, 3).expect("histogram bounds"),
+            ttft_sum: 0.0,
+            blocks_requested: 0,
+            blocks_reused: 0,
+            prefill_tokens: 0,
+            events: 0,
+            last_t: 0,
+        }
+    }
+
+    /// Counts an admitted request.
+    #[inline(always)]
+    fn admitted(&mut self, a: &Admitted) {
+        self.blocks_requested += a.prompt_blocks as u64;
+        self.blocks_reused += a.hit_blocks as u64;
+        self.prefill_tokens += a.prefill_tokens;
+        self.ttft.saturating_record(a.ttft_us.max(1));
+        self.ttft_sum += a.ttft_us as f64;
+    }
+
+    /// The summary of `policy`'s run on `engines`, started at `started`.
+    fn outcome(&self, policy: PolicyKind, engines: &[Engine], started: Instant) -> PolicyOutcome {
+        let work: Vec<f64> = engines.iter().map(|e| e.work_tokens as f64).collect();
+        let mean = work.iter().sum::<f64>() / engines.len() as f64;
+        let max = work.iter().copied().fold(0.0, f64::max);
+        let served: Vec<u64> = engines.iter().map(|e| e.served).collect();
+        let ttft = &self.ttft;
+        let count = ttft.len().max(1);
+        PolicyOutcome {
+            policy,
+            requests: ttft.len(),
+            blocks_requested: self.blocks_requested,
+            blocks_reused: self.blocks_reused,
+            hit_rate: if self.blocks_requested == 0 {
+                0.0
+            } else {
+                self.blocks_reused as f64 / self.blocks_requested as f64
+            },
+            prefill_tokens: self.prefill_tokens,
+            ttft_p50_ms: ttft.value_at_quantile(0.5) as f64 / 1000.0,
+            ttft_p99_ms: ttft.value_at_quantile(0.99) as f64 / 1000.0,
+            ttft_mean_ms: self.ttft_sum / count as f64 / 1000.0,
+            load_imbalance: if mean > 0.0 { max / mean } else { 1.0 },
+            requests_per_worker: (
+                served.iter().copied().min().unwrap_or(0),
+                served.iter().copied().max().unwrap_or(0),
+            ),
+            events: self.events,
+            simulated_s: self.last_t as f64 / 1e6,
+            wall_ms: started.elapsed().as_secs_f64() * 1000.0,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -527,7 +661,12 @@ mod tests {
 
     fn run(w: &Workload, c: &SimConfig, p: PolicyKind, ix: Option<&dyn KvIndexer>) -> SimRun {
         let h = request_hashes(w);
-        simulate(w, &h, c, p, ix, true, &NoProgress).unwrap()
+        let input = SimInput {
+            workload: w,
+            hashes: &h,
+            cfg: c,
+        };
+        simulate(input, p, ix, true, &NoProgress).unwrap()
     }
 
     #[test]
@@ -731,10 +870,18 @@ mod tests {
         let mut c = cfg(10);
         c.workers = 0;
         let h = request_hashes(&w);
-        assert!(simulate(&w, &h, &c, PolicyKind::Random, None, false, &NoProgress).is_err());
+        let rejects = |c: &SimConfig| {
+            let input = SimInput {
+                workload: &w,
+                hashes: &h,
+                cfg: c,
+            };
+            simulate(input, PolicyKind::Random, None, false, &NoProgress).is_err()
+        };
+        assert!(rejects(&c));
         let mut c = cfg(10);
         c.engine.prefill_tps = 0.0;
-        assert!(simulate(&w, &h, &c, PolicyKind::Random, None, false, &NoProgress).is_err());
+        assert!(rejects(&c));
         for bad in [
             Balance {
                 ratio: 0.5,

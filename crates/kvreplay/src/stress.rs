@@ -548,7 +548,7 @@ mod tests {
     use crate::engine::EngineConfig;
     use crate::policy::{Balance, KvCost, PolicyKind};
     use crate::progress::NoProgress;
-    use crate::replay::{request_hashes, simulate, SimConfig};
+    use crate::replay::{request_hashes, simulate, SimConfig, SimInput};
     use crate::synth::{generate, SynthConfig};
 
     fn timeline() -> Timeline {
@@ -570,7 +570,12 @@ mod tests {
             seed: 3,
         };
         let h = request_hashes(&w);
-        simulate(&w, &h, &cfg, PolicyKind::Random, None, true, &NoProgress)
+        let input = SimInput {
+            workload: &w,
+            hashes: &h,
+            cfg: &cfg,
+        };
+        simulate(input, PolicyKind::Random, None, true, &NoProgress)
             .unwrap()
             .timeline
             .unwrap()
