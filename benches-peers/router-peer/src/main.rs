@@ -30,7 +30,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use hdrhistogram::Histogram;
 use kvindex::{KvEvent, KvEventData, KvIndexer, ReferenceIndex, WorkerKey};
-use kvreplay::replay::{request_hashes, simulate, TimelineEntry};
+use kvreplay::replay::{request_hashes, simulate, SimInput, TimelineEntry};
 use kvrouter::wire::{encode_batch, WireEvent};
 use serde_json::{json, Value};
 
@@ -104,10 +104,13 @@ fn build(args: &Args) -> Result<Workload> {
     let hashes = request_hashes(&workload);
     let sim = opts.sim;
     let index = kvindex::ConcurrentIndex::new();
+    let input = SimInput {
+        workload: &workload,
+        hashes: &hashes,
+        cfg: &sim,
+    };
     let run = simulate(
-        &workload,
-        &hashes,
-        &sim,
+        input,
         kvroute_policy(),
         Some(&index),
         true,
