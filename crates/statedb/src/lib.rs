@@ -71,8 +71,14 @@ mod init;
 mod key;
 mod metrics;
 mod object;
+// The published root: `publish.rs`'s `RootCell`, or with the
+// `arc-swap-root` feature arc-swap's (`publish.rs`'s cell is then built
+// for its tests only; its `PublishedRoot` is used either way).
 #[allow(unsafe_code)]
+#[cfg_attr(feature = "arc-swap-root", allow(dead_code))]
 mod publish;
+#[cfg(feature = "arc-swap-root")]
+mod publish_arc_swap;
 mod read;
 mod reclaim;
 mod table;
