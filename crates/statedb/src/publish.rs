@@ -482,88 +482,100 @@ impl PublishedRoot {
     }
 }
 
+/// The contract every root cell keeps (this one and, with its tests,
+/// `publish_arc_swap.rs`'s), as tests over the `RootCell` and `Arc` in scope
+/// where it is invoked.
+#[cfg(all(test, not(loom)))]
+macro_rules! root_cell_contract {
+    () => {
+        /// The next writer may publish (and settle) before the last one
+        /// settles; each returns its own old value with exact counts, and one
+        /// dropped unsettled settles.
+        #[test]
+        fn a_publish_before_the_last_settles() {
+            let cell = RootCell::new(Arc::new(0u64));
+            let held = cell.load_full();
+            let first = cell.write().publish(Arc::new(1));
+            let second = cell.write().publish(Arc::new(2));
+            assert_eq!(*cell.load_full(), 2);
+            let one = second.settle();
+            assert_eq!(*one, 1);
+            assert!(Arc::try_unique(one).is_ok());
+            let zero = first.settle();
+            assert_eq!(*zero, 0);
+            assert_eq!(Arc::count(&zero), 2);
+            drop(held);
+            assert!(Arc::try_unique(zero).is_ok());
+            assert_eq!(cell.version(), 2);
+            drop(cell.write().publish(Arc::new(3)));
+            let three = cell.load_full();
+            assert_eq!((*three, Arc::count(&three)), (3, 2));
+        }
+
+        #[test]
+        fn loads_see_the_latest_swap_and_counts_stay_exact() {
+            let cell = RootCell::new(Arc::new(1u64));
+            let a = cell.load_full();
+            assert_eq!(*a, 1);
+            let old = cell.write().swap(Arc::new(2));
+            assert_eq!(*old, 1);
+            // `a` and `old` hold the first value; the cell the second.
+            assert_eq!(Arc::count(&old), 2);
+            drop(a);
+            assert!(Arc::try_unique(old).is_ok());
+            let b = cell.load_full();
+            assert_eq!(*b, 2);
+            assert_eq!(Arc::count(&b), 2);
+            assert_eq!(*cell.write().current(), 2);
+        }
+
+        #[test]
+        fn readers_and_a_writer_on_threads() {
+            let cell = std::sync::Arc::new(RootCell::new(Arc::new(0u64)));
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let readers: Vec<_> = (0..3)
+                .map(|_| {
+                    let (cell, stop) = (cell.clone(), stop.clone());
+                    std::thread::spawn(move || {
+                        let mut last = 0;
+                        let mut n = 0u64;
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed) || n < 1000 {
+                            let v = cell.load_full();
+                            assert!(*v >= last, "values only grow");
+                            last = *v;
+                            n += 1;
+                        }
+                    })
+                })
+                .collect();
+            let mut kept = Vec::new();
+            for i in 1..=20_000u64 {
+                let old = cell.write().swap(Arc::new(i));
+                assert_eq!(*old, i - 1);
+                if i % 1000 == 0 {
+                    kept.push(old);
+                }
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            for r in readers {
+                r.join().unwrap();
+            }
+            // Every reference a reader took was given back.
+            for k in kept {
+                assert_eq!(Arc::count(&k), 1);
+            }
+            assert_eq!(Arc::count(&cell.load_full()), 2);
+        }
+    };
+}
+#[cfg(all(test, not(loom)))]
+pub(crate) use root_cell_contract;
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
-    /// The next writer may publish (and settle) before the last one
-    /// settles; each returns its own old value with exact counts, and one
-    /// dropped unsettled settles.
-    #[test]
-    fn a_publish_before_the_last_settles() {
-        let cell = RootCell::new(Arc::new(0u64));
-        let held = cell.load_full();
-        let first = cell.write().publish(Arc::new(1));
-        let second = cell.write().publish(Arc::new(2));
-        assert_eq!(*cell.load_full(), 2);
-        let one = second.settle();
-        assert_eq!(*one, 1);
-        assert!(Arc::try_unique(one).is_ok());
-        let zero = first.settle();
-        assert_eq!(*zero, 0);
-        assert_eq!(Arc::count(&zero), 2);
-        drop(held);
-        assert!(Arc::try_unique(zero).is_ok());
-        assert_eq!(cell.version(), 2);
-        drop(cell.write().publish(Arc::new(3)));
-        let three = cell.load_full();
-        assert_eq!((*three, Arc::count(&three)), (3, 2));
-    }
-
-    #[test]
-    fn loads_see_the_latest_swap_and_counts_stay_exact() {
-        let cell = RootCell::new(Arc::new(1u64));
-        let a = cell.load_full();
-        assert_eq!(*a, 1);
-        let old = cell.write().swap(Arc::new(2));
-        assert_eq!(*old, 1);
-        // `a` and `old` hold the first value; the cell the second.
-        assert_eq!(Arc::count(&old), 2);
-        drop(a);
-        assert!(Arc::try_unique(old).is_ok());
-        let b = cell.load_full();
-        assert_eq!(*b, 2);
-        assert_eq!(Arc::count(&b), 2);
-        assert_eq!(*cell.write().current(), 2);
-    }
-
-    #[test]
-    fn readers_and_a_writer_on_threads() {
-        let cell = std::sync::Arc::new(RootCell::new(Arc::new(0u64)));
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let readers: Vec<_> = (0..3)
-            .map(|_| {
-                let (cell, stop) = (cell.clone(), stop.clone());
-                std::thread::spawn(move || {
-                    let mut last = 0;
-                    let mut n = 0u64;
-                    while !stop.load(Relaxed) || n < 1000 {
-                        let v = cell.load_full();
-                        assert!(*v >= last, "values only grow");
-                        last = *v;
-                        n += 1;
-                    }
-                })
-            })
-            .collect();
-        let mut kept = Vec::new();
-        for i in 1..=20_000u64 {
-            let old = cell.write().swap(Arc::new(i));
-            assert_eq!(*old, i - 1);
-            if i % 1000 == 0 {
-                kept.push(old);
-            }
-        }
-        stop.store(true, Relaxed);
-        for r in readers {
-            r.join().unwrap();
-        }
-        // Every reference a reader took was given back.
-        for k in kept {
-            assert_eq!(Arc::count(&k), 1);
-        }
-        assert_eq!(Arc::count(&cell.load_full()), 2);
-    }
+    root_cell_contract!();
 
     /// More live reader threads than a chunk has slots, twice over (the
     /// second wave reuses the slots the first gave back), against a writer.

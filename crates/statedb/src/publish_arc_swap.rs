@@ -1,6 +1,7 @@
 //! The published root over `arc-swap` (feature `arc-swap-root`): the
 //! interface of `publish.rs`'s `RootCell`, kept to measure the two side by
-//! side (design.md, "Measurements behind the choices").
+//! side (design.md, "Measurements behind the choices"). The unit tests
+//! hold both cells to one contract (`publish::root_cell_contract`).
 //!
 //! The same guarantees, from arc-swap's own: a load is lock-free and never
 //! waits for a writer; a swap, once it returns, has paid every reader still
@@ -122,62 +123,5 @@ impl<T> Retired<T> {
 mod tests {
     use super::*;
 
-    /// The same contract as `publish.rs`'s cell: exact counts across
-    /// publications, the latest value loaded.
-    #[test]
-    fn loads_see_the_latest_swap_and_counts_stay_exact() {
-        let cell = RootCell::new(Arc::new(1u64));
-        let a = cell.load_full();
-        let old = cell.write().swap(Arc::new(2));
-        assert_eq!((*old, Arc::count(&old)), (1, 2));
-        drop(a);
-        assert!(Arc::try_unique(old).is_ok());
-        let held = cell.load_full();
-        let first = cell.write().publish(Arc::new(3));
-        let second = cell.write().publish(Arc::new(4));
-        assert!(Arc::try_unique(second.settle()).is_ok());
-        let two = first.settle();
-        assert_eq!((*two, Arc::count(&two)), (2, 2));
-        drop(held);
-        assert!(Arc::try_unique(two).is_ok());
-        assert_eq!((*cell.load_full(), cell.version()), (4, 3));
-        assert_eq!(*cell.write().current(), 4);
-    }
-
-    #[test]
-    fn readers_and_a_writer_on_threads() {
-        let cell = std::sync::Arc::new(RootCell::new(Arc::new(0u64)));
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let readers: Vec<_> = (0..3)
-            .map(|_| {
-                let (cell, stop) = (cell.clone(), stop.clone());
-                std::thread::spawn(move || {
-                    let mut last = 0;
-                    let mut n = 0u64;
-                    while !stop.load(Ordering::Relaxed) || n < 1000 {
-                        let v = cell.load_full();
-                        assert!(*v >= last, "values only grow");
-                        last = *v;
-                        n += 1;
-                    }
-                })
-            })
-            .collect();
-        let mut kept = Vec::new();
-        for i in 1..=20_000u64 {
-            let old = cell.write().swap(Arc::new(i));
-            assert_eq!(*old, i - 1);
-            if i % 1000 == 0 {
-                kept.push(old);
-            }
-        }
-        stop.store(true, Ordering::Relaxed);
-        for r in readers {
-            r.join().unwrap();
-        }
-        for k in kept {
-            assert_eq!(Arc::count(&k), 1);
-        }
-        assert_eq!(Arc::count(&cell.load_full()), 2);
-    }
+    crate::publish::root_cell_contract!();
 }
