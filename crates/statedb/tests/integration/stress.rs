@@ -5,14 +5,12 @@
 //! that a cross-table transfer is atomic. The collector runs every
 //! millisecond meanwhile.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use rand::prelude::*;
 use statedb::{AnyTable, ChangeKind, Db, DbOptions, Error, KeyLayout};
 

@@ -4,11 +4,9 @@
 //! binding; a key too long to be stored finds nothing; an index of another
 //! table panics.
 
-mod common;
-
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use common::*;
+use crate::common::*;
 use proptest::prelude::*;
 use statedb::{Error, Index, KeyLayout, ReadTxn, Table, TableRead, TxnRead};
 

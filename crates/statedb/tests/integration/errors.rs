@@ -1,8 +1,6 @@
 //! Every documented error path returns its typed error (no panic).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use statedb::{Error, Index, IpPrefix, KeyLayout};
 
 #[test]

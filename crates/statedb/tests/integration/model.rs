@@ -5,11 +5,9 @@
 //! only non-unique ones (a plain insert learns the old object from its
 //! primary-index write).
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
+use crate::common::*;
 use proptest::prelude::*;
 use statedb::{Error, TxnRead};
 

@@ -1,10 +1,9 @@
 //! Every HTTP endpoint and error, on a real server on loopback.
-mod support;
 
 use std::time::Duration;
 
+use crate::support::{args, prompt, Router, BS};
 use serde_json::{json, Value};
-use support::{args, prompt, Router, BS};
 
 fn register(r: &Router, id: u64, port: u16) -> (u16, Value) {
     r.post(

@@ -1,8 +1,6 @@
 //! Queries, writes, revisions, initialization, JSON and stats.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use statedb::{Change, ChangeKind, Db, DbOptions, Index};
 
 /// No table or snapshot holds the object any more: the test's own
@@ -240,7 +238,7 @@ fn write_txn_snapshot_is_taken_at_its_first_read() {
     let a = table_in(&db, "a");
     let b = table_in(&db, "b");
     let c = table_in(&db, "c");
-    let put = |f: &common::Fixture, id: u32| {
+    let put = |f: &crate::common::Fixture, id: u32| {
         let mut w = db.write_txn(&[&f.table]).unwrap();
         f.table
             .insert(&mut w, obj(id, &format!("n{id}"), &[], 0))

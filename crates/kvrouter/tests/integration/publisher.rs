@@ -2,13 +2,12 @@
 //! vLLM's event structs and replay protocol) on loopback: its answers must
 //! equal what was published, through drops, short replay buffers,
 //! restarts and garbage.
-mod support;
 
 use std::time::Duration;
 
+use crate::support::{args, python, Engine, Expect, Publisher, Router};
 use kvindex::WorkerKey;
 use serde_json::json;
-use support::{args, python, Engine, Expect, Publisher, Router};
 
 macro_rules! need_python {
     () => {
@@ -21,7 +20,7 @@ macro_rules! need_python {
 
 fn register(r: &Router, id: u64, p: &Publisher, replay: bool) {
     let mut body = json!({
-        "instance_id": id, "endpoint": p.endpoint, "model_name": "m", "block_size": support::BS,
+        "instance_id": id, "endpoint": p.endpoint, "model_name": "m", "block_size": crate::support::BS,
     });
     if replay {
         body["replay_endpoint"] = json!(p.replay);
@@ -279,7 +278,7 @@ fn unregistering_stops_the_feed_and_drops_the_blocks() {
     std::thread::sleep(Duration::from_millis(100));
     let (s, _) = r.post(
         "/query",
-        &json!({"token_ids": support::prompt(1, 6), "model_name": "m"}),
+        &json!({"token_ids": crate::support::prompt(1, 6), "model_name": "m"}),
     );
     assert_eq!(s, 404);
     let (s, _) = r.post("/unregister", &json!({"instance_id": 1, "model_name": "m"}));

@@ -1,11 +1,9 @@
 //! Per-table metrics reach the `metrics` facade.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use common::*;
+use crate::common::*;
 use metrics::{
     Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
     SharedString, Unit,

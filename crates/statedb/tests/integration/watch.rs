@@ -1,12 +1,10 @@
 //! Watch semantics both ways: a watch fires on writes that may change its
 //! result and not on writes that cannot (point gets and prefixes).
 
-mod common;
-
 use std::future::Future;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 fn populated() -> Fixture {
     let f = fixture();
