@@ -1,8 +1,13 @@
 //! Criterion benchmarks, ours (`concurrent`) and the `reference` side by
-//! side:
-//! * `apply_stored`: one event of 32 blocks extending a shared prefix;
+//! side, over indexes populated with the events of `kvreplay`'s synthetic
+//! timeline (the one `arbor kv replay --stress` replays):
+//! * `apply_stored`: one event of 32 blocks extending a shared prefix (the
+//!   first lookup's first 16 blocks: a system prompt);
 //! * `apply_removed`: one event removing those 32 blocks;
-//! * `find_matches/{32,128}blk/{8,128}w`: lookups over a populated index.
+//! * `find_matches/{32,128}blk_{8,128}w`: the timeline's lookups of at least
+//!   that many blocks, cut to that many, over the index its 8 or 128
+//!   simulated engines populated (64-token blocks: 32 blocks are about a
+//!   system prompt, 128 a conversation several turns in).
 //!
 //! Run: `cargo bench -p kvindex --bench index`.
 
@@ -12,11 +17,34 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use kvindex::workload::{Workload, WorkloadConfig};
 use kvindex::{
     next_sequence_hash, ConcurrentIndex, ExternalHash, KvEvent, KvEventData, KvIndexer, LocalHash,
     ReferenceIndex, StoredBlock, WorkerKey,
 };
+use kvreplay::{NoProgress, ReplayOptions};
+
+/// The synthetic timeline's events and lookups, each in time order, on
+/// `workers` engines.
+struct Workload {
+    events: Vec<KvEvent>,
+    queries: Vec<Vec<LocalHash>>,
+}
+
+impl Workload {
+    fn new(workers: usize) -> Self {
+        let mut opts = ReplayOptions::default();
+        opts.sim.workers = workers;
+        let tl = kvreplay::timeline(&opts, &NoProgress).expect("synthetic timeline");
+        let lanes = tl.lanes(1, 1);
+        Self {
+            events: lanes.events[0]
+                .iter()
+                .map(|(_, ev)| (*ev).clone())
+                .collect(),
+            queries: lanes.queries[0].iter().map(|(_, h)| h.to_vec()).collect(),
+        }
+    }
+}
 
 fn populated(ix: &dyn KvIndexer, wl: &Workload) {
     for ev in &wl.events {
@@ -95,12 +123,7 @@ fn store_prefix(ix: &dyn KvIndexer, w: WorkerKey, id: u64, prefix: &[LocalHash])
 }
 
 fn bench_apply(c: &mut Criterion) {
-    let wl = Workload::generate(WorkloadConfig {
-        workers: 32,
-        requests: 20_000,
-        queries: 1,
-        ..WorkloadConfig::default()
-    });
+    let wl = Workload::new(32);
     let prefix = wl.queries[0][..16].to_vec();
     let w = WorkerKey::new(1_000_000, 0);
     let mut g = c.benchmark_group("apply");
@@ -146,29 +169,29 @@ fn bench_find(c: &mut Criterion) {
     let mut g = c.benchmark_group("find_matches");
     g.warm_up_time(Duration::from_millis(500));
     g.measurement_time(Duration::from_secs(2));
-    for (blocks, workers) in [(32usize, 8usize), (32, 128), (128, 8), (128, 128)] {
-        let wl = Workload::generate(WorkloadConfig {
-            workers,
-            prefixes: 16,
-            prefix_blocks: blocks / 2,
-            unique_blocks: blocks / 2,
-            capacity_blocks: 64 * blocks,
-            requests: workers * 100,
-            queries: 4096,
-            seed: 7,
-        });
-        for ix in indexes() {
-            populated(&*ix, &wl);
-            let mut i = 0usize;
-            g.bench_function(
-                BenchmarkId::new(format!("{blocks}blk_{workers}w"), ix.name()),
-                |b| {
-                    b.iter(|| {
-                        i = (i + 1) % wl.queries.len();
-                        black_box(ix.find_matches(&wl.queries[i]))
-                    })
-                },
-            );
+    for workers in [8usize, 128] {
+        let wl = Workload::new(workers);
+        for blocks in [32usize, 128] {
+            let queries: Vec<&[LocalHash]> = wl
+                .queries
+                .iter()
+                .filter(|q| q.len() >= blocks)
+                .map(|q| &q[..blocks])
+                .collect();
+            assert!(queries.len() >= 1000, "{} lookups", queries.len());
+            for ix in indexes() {
+                populated(&*ix, &wl);
+                let mut i = 0usize;
+                g.bench_function(
+                    BenchmarkId::new(format!("{blocks}blk_{workers}w"), ix.name()),
+                    |b| {
+                        b.iter(|| {
+                            i = (i + 1) % queries.len();
+                            black_box(ix.find_matches(queries[i]))
+                        })
+                    },
+                );
+            }
         }
     }
     g.finish();

@@ -1,25 +1,32 @@
 //! Write-capacity scaling: N writer lanes (threads, each worker pinned to
-//! one lane) apply a synthetic router workload while R reader threads run
-//! lookups; reports block operations per second and lookup latency, for our
-//! index and the reference side by side.
+//! one lane) apply the events of `kvreplay`'s timeline (the one `arbor kv
+//! replay --stress` replays: the synthetic default, or a trace with
+//! `--trace`) while R reader threads run its lookups; reports block
+//! operations per second (hashes stored and removed) and lookup latency,
+//! for our index and the reference side by side.
 //!
 //! ```sh
 //! cargo run --release -p kvindex --example scaling -- --lanes 1,2,4,8 --readers 4
-//! cargo run --release -p kvindex --example scaling -- --lanes 1,2,4,8,16 --readers 4 --requests 200000
+//! cargo run --release -p kvindex --example scaling -- --lanes 1,2,4,8,16 --readers 4 --workers 128
+//! cargo run --release -p kvindex --example scaling -- --trace ../shared/data/mooncake/mooncake_trace_1000.jsonl
 //! ```
+//!
+//! `--workers` and `--trace` set the simulated fleet and the requests as
+//! `arbor kv replay` does (the trace unscaled, the engines' block size);
+//! every other setting is `kvreplay`'s default.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use kvindex::workload::{Workload, WorkloadConfig};
-use kvindex::{ConcurrentIndex, KvIndexer, ReferenceIndex};
+use kvindex::{ConcurrentIndex, KvEvent, KvIndexer, LocalHash, ReferenceIndex};
+use kvreplay::{NoProgress, ReplayOptions};
 
 struct Args {
     lanes: Vec<usize>,
     readers: usize,
-    workers: usize,
-    requests: usize,
+    workers: Option<usize>,
+    trace: Option<String>,
     repeats: usize,
     index: Vec<String>,
 }
@@ -28,8 +35,8 @@ fn parse() -> Args {
     let mut a = Args {
         lanes: vec![1, 2, 4, 8],
         readers: 4,
-        workers: 128,
-        requests: 100_000,
+        workers: None,
+        trace: None,
         repeats: 3,
         index: vec!["concurrent".into(), "reference".into()],
     };
@@ -42,8 +49,8 @@ fn parse() -> Args {
                 a.lanes = v.split(',').filter_map(|x| x.parse().ok()).collect()
             }
             "--readers" => a.readers = v.parse().unwrap_or(4),
-            "--workers" => a.workers = v.parse().unwrap_or(128),
-            "--requests" => a.requests = v.parse().unwrap_or(100_000),
+            "--workers" => a.workers = v.parse().ok(),
+            "--trace" => a.trace = Some(v),
             "--repeats" => a.repeats = v.parse().unwrap_or(3),
             "--index" => a.index = v.split(',').map(String::from).collect(),
             other => {
@@ -54,6 +61,28 @@ fn parse() -> Args {
         i += 2;
     }
     a
+}
+
+/// The timeline's events split by lane and its lookups, owned.
+struct Workload {
+    /// Every event in time order.
+    events: Vec<KvEvent>,
+    /// Every lookup in time order.
+    queries: Vec<Vec<LocalHash>>,
+    /// Hashes stored plus hashes removed.
+    block_ops: u64,
+}
+
+impl Workload {
+    /// Splits the events by lane (see [`kvindex::lane_of`]), keeping each
+    /// worker's order.
+    fn by_lane(&self, lanes: usize) -> Vec<Vec<KvEvent>> {
+        let mut v = vec![Vec::new(); lanes.max(1)];
+        for ev in &self.events {
+            v[kvindex::lane_of(ev.worker, lanes)].push(ev.clone());
+        }
+        v
+    }
 }
 
 /// One run: returns (block ops/s, lookup p50 µs, lookup p99 µs, lookups).
@@ -124,17 +153,33 @@ fn run_once(
 
 fn main() {
     let a = parse();
-    let wl = Workload::generate(WorkloadConfig {
-        workers: a.workers,
-        requests: a.requests,
-        queries: 4096,
-        ..WorkloadConfig::default()
+    let mut opts = match &a.trace {
+        Some(path) => ReplayOptions::for_trace(path),
+        None => ReplayOptions::default(),
+    };
+    if let Some(w) = a.workers {
+        opts.sim.workers = w;
+    }
+    let tl = kvreplay::timeline(&opts, &NoProgress).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(2);
     });
+    let lanes = tl.lanes(1, 1);
+    let wl = Workload {
+        events: lanes.events[0]
+            .iter()
+            .map(|(_, ev)| (*ev).clone())
+            .collect(),
+        queries: lanes.queries[0].iter().map(|(_, h)| h.to_vec()).collect(),
+        block_ops: lanes.event_block_ops(),
+    };
     println!(
-        "workload: {} workers, {} events, {} block ops, {} readers, median of {} runs",
-        a.workers,
+        "workload: {} ({} workers), {} events, {} block ops, {} lookups; {} readers, median of {} runs",
+        a.trace.as_deref().unwrap_or("synthetic default"),
+        opts.sim.workers,
         wl.events.len(),
         wl.block_ops,
+        wl.queries.len(),
         a.readers,
         a.repeats
     );

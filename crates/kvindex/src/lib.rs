@@ -12,10 +12,11 @@
 //! * [`Lanes`]: N writer threads in front of any index, each worker pinned
 //!   to one lane so its events apply in order.
 //! * [`local_block_hashes`] / [`sequence_hashes`]: Dynamo-compatible hashing.
-//! * `workload` (feature `test-util`, with the test hooks
-//!   `ConcurrentIndex::tree_shape` and `reclaim_deferred`): a deterministic
-//!   synthetic router workload shared by the benchmarks, the memory test
-//!   and the Dynamo peer comparison.
+//! * Feature `test-util`: the test hooks `ConcurrentIndex::tree_shape` and
+//!   `reclaim_deferred`. The benchmarks, the memory test and the Dynamo
+//!   peer comparison take their events and lookups from `kvreplay`'s
+//!   timeline (`kvreplay::timeline`: simulated engines under a synthetic
+//!   workload or a trace), the one `arbor kv replay --stress` replays.
 //!
 //! See `docs/design.md` for the node layout and the concurrency protocol, and
 //! the repository's `BENCHMARKS.md` for measurements.
@@ -46,8 +47,6 @@ mod reference;
 mod scores;
 mod stats;
 mod tree;
-#[cfg(feature = "test-util")]
-pub mod workload;
 
 pub use event::{ApplyError, KvEvent, KvEventData, StoredBlock, WorkerKey};
 pub use hash::{

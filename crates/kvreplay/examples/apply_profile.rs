@@ -8,31 +8,16 @@
 use std::time::Instant;
 
 use kvindex::KvEventData;
-use kvreplay::policy::PolicyKind;
-use kvreplay::replay::{entry_block_ops, request_hashes, simulate, SimInput, TimelineEntry};
+use kvreplay::replay::{entry_block_ops, TimelineEntry};
 use kvreplay::stress::IndexImpl;
-use kvreplay::{load_workload, NoProgress, ReplayOptions};
+use kvreplay::{NoProgress, ReplayOptions};
 
 fn main() {
     let mut argv = std::env::args().skip(1);
     let which = argv.next().unwrap_or_else(|| "both".into());
     let rounds: usize = argv.next().and_then(|s| s.parse().ok()).unwrap_or(3);
-    let opts = ReplayOptions::default();
-    let (workload, _) = load_workload(&opts).expect("synthetic workload");
-    let hashes = request_hashes(&workload);
-    let input = SimInput {
-        workload: &workload,
-        hashes: &hashes,
-        cfg: &opts.sim,
-    };
-    let run = simulate(input, PolicyKind::Random, None, true, &NoProgress).expect("simulation");
-    let tl = run.timeline.expect("recorded");
-    let mut all: Vec<(u64, &TimelineEntry)> = tl
-        .per_worker
-        .iter()
-        .flat_map(|v| v.iter().map(|(t, e)| (*t, e)))
-        .collect();
-    all.sort_by_key(|(t, _)| *t);
+    let tl = kvreplay::timeline(&ReplayOptions::default(), &NoProgress).expect("timeline");
+    let all = tl.in_time_order();
     let ops: u64 = all.iter().map(|(_, e)| entry_block_ops(e)).sum();
     let impls: Vec<IndexImpl> = match which.as_str() {
         "ours" => vec![IndexImpl::Ours],

@@ -38,14 +38,19 @@ pub mod trace;
 pub use kvroute::policy;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
+
+use kvindex::LocalHash;
 
 pub use options::{ReplayOptions, StressOptions, TraceSource, WorkloadSource};
 pub use progress::{NoProgress, Progress, ProgressTask};
 pub use report::Report;
 
 use crate::policy::PolicyKind;
-use crate::replay::{request_hashes, simulate, PolicyOutcome, ReplayError, SimInput};
+use crate::replay::{
+    request_hashes, simulate, PolicyOutcome, ReplayError, SimInput, SimRun, Timeline,
+};
 use crate::report::WorkloadSummary;
 use crate::stress::{run_stress, sweep, StressConfig};
 use crate::synth::SynthError;
@@ -120,6 +125,62 @@ pub fn load_workload(opts: &ReplayOptions) -> Result<(Workload, WorkloadSummary)
     Ok((workload, summary))
 }
 
+/// Each request's local hashes, from [`request_hashes`].
+type RequestHashes = Vec<Arc<[LocalHash]>>;
+
+/// [`load_workload`] as one progress task, with the requests' local hashes.
+fn load_hashed(
+    opts: &ReplayOptions,
+    progress: &dyn Progress,
+) -> Result<(Workload, WorkloadSummary, RequestHashes), Error> {
+    let loading = progress.start("loading workload", 0);
+    let (workload, summary) = load_workload(opts)?;
+    let hashes = request_hashes(&workload);
+    loading.finish();
+    Ok((workload, summary, hashes))
+}
+
+/// Simulates `input` routed by `policy` (the KV-aware policies over a fresh
+/// `ConcurrentIndex`) as a progress task `routing: {policy}`, recording the
+/// timeline when `record`.
+fn route(
+    input: SimInput<'_>,
+    policy: PolicyKind,
+    record: bool,
+    progress: &dyn Progress,
+) -> Result<SimRun, Error> {
+    let task = progress.start(
+        &format!("routing: {}", policy.name()),
+        input.workload.requests.len() as u64,
+    );
+    let index = kvindex::ConcurrentIndex::new();
+    let run = simulate(input, policy, Some(&index), record, &*task)?;
+    task.finish();
+    Ok(run)
+}
+
+/// The event and lookup timeline that `arbor kv replay --stress` replays
+/// for `opts`: its workload (the trace, scaled, or the synthetic workload;
+/// at most `max_requests` requests) routed through its fleet (`opts.sim`) by
+/// the stress policy (`opts.stress`'s; random without), recorded. Every
+/// index fed [`Timeline::lanes`] gets the identical events and lookups.
+pub fn timeline(opts: &ReplayOptions, progress: &dyn Progress) -> Result<Timeline, Error> {
+    opts.validate()?;
+    let (workload, _, hashes) = load_hashed(opts, progress)?;
+    let input = SimInput {
+        workload: &workload,
+        hashes: &hashes,
+        cfg: &opts.sim,
+    };
+    let policy = opts
+        .stress
+        .as_ref()
+        .map_or(StressOptions::default().policy, |s| s.policy);
+    route(input, policy, true, progress)?
+        .timeline
+        .ok_or_else(|| Error::Config("the simulation recorded no timeline".into()))
+}
+
 /// Runs the routing comparison and the stress replay as `opts` asks,
 /// reporting each long step to `progress`.
 pub fn run(opts: &ReplayOptions, progress: &dyn Progress) -> Result<Report, Error> {
@@ -133,10 +194,7 @@ pub fn run(opts: &ReplayOptions, progress: &dyn Progress) -> Result<Report, Erro
             source,
         })?;
     }
-    let loading = progress.start("loading workload", 0);
-    let (workload, summary) = load_workload(opts)?;
-    let hashes = request_hashes(&workload);
-    loading.finish();
+    let (workload, summary, hashes) = load_hashed(opts, progress)?;
     let input = SimInput {
         workload: &workload,
         hashes: &hashes,
@@ -161,13 +219,7 @@ pub fn run(opts: &ReplayOptions, progress: &dyn Progress) -> Result<Report, Erro
     let mut timeline = None;
     for p in sims {
         let record = stress_opts.is_some_and(|s| s.policy == p);
-        let task = progress.start(
-            &format!("routing: {}", p.name()),
-            workload.requests.len() as u64,
-        );
-        let index = kvindex::ConcurrentIndex::new();
-        let run = simulate(input, p, Some(&index), record, &*task)?;
-        task.finish();
+        let run = route(input, p, record, progress)?;
         if record {
             timeline = run.timeline;
         }
@@ -269,7 +321,10 @@ pub fn write_outputs(opts: &ReplayOptions, report: &Report) -> Result<(), Error>
 mod tests {
     use std::sync::{Arc, Mutex};
 
+    use kvindex::KvEvent;
+
     use super::*;
+    use crate::replay::TimelineEntry;
     use crate::stress::{IndexImpl, SweepConfig};
     use crate::synth::SynthConfig;
 
@@ -362,6 +417,104 @@ mod tests {
             (t.1, t.2, t.3),
             (r.queries + r.events, r.queries + r.events, true)
         );
+    }
+
+    /// `timeline` records what the stress replay replays (the stress
+    /// policy's simulation), and its lanes hold every entry once, each
+    /// worker's events on one lane in publication order.
+    #[test]
+    fn the_timeline_is_the_stress_policy_s_and_its_lanes_keep_each_worker_s_order() {
+        let mut opts = tiny();
+        opts.stress = Some(StressOptions {
+            policy: PolicyKind::KvAware,
+            ..StressOptions::default()
+        });
+        let tl = timeline(&opts, &NoProgress).unwrap();
+        let (workload, _) = load_workload(&opts).unwrap();
+        let hashes = request_hashes(&workload);
+        let input = SimInput {
+            workload: &workload,
+            hashes: &hashes,
+            cfg: &opts.sim,
+        };
+        let index = kvindex::ConcurrentIndex::new();
+        let direct = simulate(input, PolicyKind::KvAware, Some(&index), true, &NoProgress)
+            .unwrap()
+            .timeline
+            .unwrap();
+        let flat = |t: &Timeline| -> Vec<(u64, Option<KvEvent>, Option<Vec<LocalHash>>)> {
+            t.in_time_order()
+                .into_iter()
+                .map(|(at, e)| match e {
+                    TimelineEntry::Event(ev) => (at, Some(ev.clone()), None),
+                    TimelineEntry::Query(h) => (at, None, Some(h.to_vec())),
+                })
+                .collect()
+        };
+        let all = flat(&tl);
+        assert_eq!(all, flat(&direct), "the stress policy's simulation");
+        assert!(all.windows(2).all(|w| w[0].0 <= w[1].0), "in time order");
+        let events: Vec<&KvEvent> = all.iter().filter_map(|e| e.1.as_ref()).collect();
+        let queries = all.iter().filter(|e| e.2.is_some()).count();
+        assert!(
+            events.len() > 100 && queries > 100,
+            "{} {queries}",
+            events.len()
+        );
+
+        // Without stress options the policy is random's, as `run`'s default.
+        opts.stress = None;
+        let random = timeline(&opts, &NoProgress).unwrap();
+        assert_ne!(flat(&random), all, "random routing differs from kv-aware");
+
+        for (el, ql) in [(1, 1), (3, 2), (8, 3)] {
+            let lanes = tl.lanes(el, ql);
+            assert_eq!((lanes.events.len(), lanes.queries.len()), (el, ql));
+            assert_eq!(
+                lanes.event_block_ops() + lanes.query_block_ops(),
+                tl.block_ops()
+            );
+            assert_eq!(
+                lanes.events.iter().map(Vec::len).sum::<usize>(),
+                events.len()
+            );
+            assert_eq!(lanes.queries.iter().map(Vec::len).sum::<usize>(), queries);
+            for (i, lane) in lanes.events.iter().enumerate() {
+                assert!(lane.windows(2).all(|w| w[0].0 <= w[1].0));
+                assert!(lane
+                    .iter()
+                    .all(|(_, ev)| kvindex::lane_of(ev.worker, el) == i));
+            }
+            for lane in &lanes.queries {
+                assert!(lane.windows(2).all(|w| w[0].0 <= w[1].0));
+            }
+            // Each worker's events, lane by lane, are its events in
+            // publication order (ids 0, 1, 2, ...).
+            for (w, entries) in tl.per_worker.iter().enumerate() {
+                let key = crate::replay::worker_key(w);
+                let published: Vec<&KvEvent> = entries
+                    .iter()
+                    .filter_map(|(_, e)| match e {
+                        TimelineEntry::Event(ev) => Some(ev),
+                        TimelineEntry::Query(_) => None,
+                    })
+                    .collect();
+                let laned: Vec<&KvEvent> = lanes.events[kvindex::lane_of(key, el)]
+                    .iter()
+                    .filter(|(_, ev)| ev.worker == key)
+                    .map(|(_, ev)| *ev)
+                    .collect();
+                assert_eq!(laned, published, "worker {w}, {el} lanes");
+                assert!(laned
+                    .iter()
+                    .enumerate()
+                    .all(|(i, ev)| ev.event_id == i as u64));
+            }
+        }
+        // One lane of each: the events and the lookups in global time order.
+        let one = tl.lanes(1, 1);
+        let evs: Vec<&KvEvent> = one.events[0].iter().map(|(_, ev)| *ev).collect();
+        assert_eq!(evs, events);
     }
 
     #[test]

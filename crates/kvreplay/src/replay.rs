@@ -242,17 +242,100 @@ impl Timeline {
             .map(|(_, e)| entry_block_ops(e))
             .sum()
     }
+
+    /// Every entry of every worker in time order. The sort is stable over
+    /// the workers taken in turn: one worker's entries keep their order, and
+    /// entries at the same time go by worker number.
+    pub fn in_time_order(&self) -> Vec<(u64, &TimelineEntry)> {
+        let mut all: Vec<(u64, &TimelineEntry)> = self
+            .per_worker
+            .iter()
+            .flat_map(|v| v.iter().map(|(t, e)| (*t, e)))
+            .collect();
+        all.sort_by_key(|(t, _)| *t);
+        all
+    }
+
+    /// The entries split the way the stress replay runs them: events onto
+    /// `event_lanes` lanes (a worker always on lane
+    /// [`kvindex::lane_of`], so its events apply in publication order),
+    /// lookups dealt in turn onto `query_lanes` lanes, each lane in time
+    /// order. With one lane of each, the events and the lookups in global
+    /// time order.
+    pub fn lanes(&self, event_lanes: usize, query_lanes: usize) -> TimelineLanes<'_> {
+        let mut events = vec![Vec::new(); event_lanes.max(1)];
+        let mut queries = vec![Vec::new(); query_lanes.max(1)];
+        let mut next_query = 0usize;
+        for (t, e) in self.per_worker.iter().flatten() {
+            match e {
+                TimelineEntry::Event(ev) => {
+                    let lane = kvindex::lane_of(ev.worker, events.len());
+                    events[lane].push((*t, ev));
+                }
+                TimelineEntry::Query(h) => {
+                    let lane = next_query % queries.len();
+                    next_query += 1;
+                    queries[lane].push((*t, &h[..]));
+                }
+            }
+        }
+        // Stable sorts keep each worker's events in publication order.
+        for l in &mut events {
+            l.sort_by_key(|e| e.0);
+        }
+        for l in &mut queries {
+            l.sort_by_key(|e| e.0);
+        }
+        TimelineLanes { events, queries }
+    }
+}
+
+/// A [`Timeline`] split into lanes by [`Timeline::lanes`]; times in
+/// simulated µs.
+#[derive(Debug, Clone)]
+pub struct TimelineLanes<'a> {
+    /// `events[l]`: the events lane `l` applies, in time order.
+    pub events: Vec<Vec<(u64, &'a KvEvent)>>,
+    /// `queries[l]`: the lookups lane `l` runs, in time order.
+    pub queries: Vec<Vec<(u64, &'a [LocalHash])>>,
+}
+
+impl TimelineLanes<'_> {
+    /// Block operations of the events: hashes stored and removed (a clear
+    /// counts one).
+    pub fn event_block_ops(&self) -> u64 {
+        self.events
+            .iter()
+            .flatten()
+            .map(|(_, ev)| event_block_ops(ev))
+            .sum()
+    }
+
+    /// Block operations of the lookups: hashes looked up.
+    pub fn query_block_ops(&self) -> u64 {
+        self.queries
+            .iter()
+            .flatten()
+            .map(|(_, h)| h.len() as u64)
+            .sum()
+    }
 }
 
 /// Block operations of one entry.
 pub fn entry_block_ops(e: &TimelineEntry) -> u64 {
     match e {
         TimelineEntry::Query(h) => h.len() as u64,
-        TimelineEntry::Event(ev) => match &ev.data {
-            kvindex::KvEventData::Stored { blocks, .. } => blocks.len() as u64,
-            kvindex::KvEventData::Removed { hashes } => hashes.len() as u64,
-            kvindex::KvEventData::Cleared => 1,
-        },
+        TimelineEntry::Event(ev) => event_block_ops(ev),
+    }
+}
+
+/// Block operations of one event: hashes stored or removed; a clear counts
+/// one.
+pub fn event_block_ops(ev: &KvEvent) -> u64 {
+    match &ev.data {
+        kvindex::KvEventData::Stored { blocks, .. } => blocks.len() as u64,
+        kvindex::KvEventData::Removed { hashes } => hashes.len() as u64,
+        kvindex::KvEventData::Cleared => 1,
     }
 }
 

@@ -31,7 +31,7 @@ use kvindex::{ConcurrentIndex, KvEvent, KvIndexer, LocalHash, ReferenceIndex};
 use serde::Serialize;
 
 use crate::progress::{Progress, ProgressTask};
-use crate::replay::{entry_block_ops, Timeline, TimelineEntry};
+use crate::replay::Timeline;
 
 /// Index implementations to compare.
 ///
@@ -223,38 +223,22 @@ fn prepare<'a>(tl: &'a Timeline, cfg: &StressConfig) -> Prepared<'a> {
     let span = tl.span_us().max(1) as u128;
     let window_ns = u128::from(cfg.window_ms) * 1_000_000;
     let at = |t: u64| Duration::from_nanos((u128::from(t) * window_ns / span) as u64);
-    let mut events = vec![Vec::new(); cfg.event_lanes.max(1)];
-    let mut queries = vec![Vec::new(); cfg.query_lanes.max(1)];
-    let mut block_ops = 0;
-    let mut next_query = 0usize;
-    for entries in &tl.per_worker {
-        for (t, e) in entries {
-            block_ops += entry_block_ops(e);
-            match e {
-                TimelineEntry::Event(ev) => {
-                    let lane = kvindex::lane_of(ev.worker, events.len());
-                    events[lane].push((at(*t), ev));
-                }
-                TimelineEntry::Query(h) => {
-                    let lane = next_query % queries.len();
-                    next_query += 1;
-                    queries[lane].push((at(*t), &h[..]));
-                }
-            }
-        }
-    }
-    // Stable sorts keep each worker's events in publication order.
-    for l in &mut events {
-        l.sort_by_key(|e| e.0);
-    }
-    for l in &mut queries {
-        l.sort_by_key(|e| e.0);
-    }
+    let lanes = tl.lanes(cfg.event_lanes, cfg.query_lanes);
+    let block_ops = lanes.event_block_ops() + lanes.query_block_ops();
     Prepared {
-        events,
-        queries,
+        events: lanes.events.into_iter().map(|l| deadlines(l, at)).collect(),
+        queries: lanes
+            .queries
+            .into_iter()
+            .map(|l| deadlines(l, at))
+            .collect(),
         block_ops,
     }
+}
+
+/// A lane's entries with their simulated times turned into deadlines.
+fn deadlines<T>(lane: Vec<(u64, T)>, at: impl Fn(u64) -> Duration) -> Vec<(Duration, T)> {
+    lane.into_iter().map(|(t, x)| (at(t), x)).collect()
 }
 
 fn new_hist() -> Histogram<u64> {
@@ -548,7 +532,7 @@ mod tests {
     use crate::engine::EngineConfig;
     use crate::policy::{Balance, KvCost, PolicyKind};
     use crate::progress::NoProgress;
-    use crate::replay::{request_hashes, simulate, SimConfig, SimInput};
+    use crate::replay::{request_hashes, simulate, SimConfig, SimInput, TimelineEntry};
     use crate::synth::{generate, SynthConfig};
 
     fn timeline() -> Timeline {
