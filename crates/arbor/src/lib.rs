@@ -3,10 +3,12 @@
 //! [`ReplayArgs`] into their own `clap` parser, e.g.
 //! `benches-peers/router-peer`): the flags and their translation into
 //! [`kvreplay::ReplayOptions`], and the progress bars. The replay itself is
-//! the `kvreplay` library.
+//! the `kvreplay` library. [`db_cmd`] is `arbor db`, a client of statedb's
+//! HTTP API.
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 #![forbid(unsafe_code)]
 
+pub mod db_cmd;
 pub mod progress;
 pub mod replay_args;
 

@@ -3,7 +3,9 @@
 //! `arbor kv replay` replays LLM traffic (a Mooncake trace or a built-in
 //! synthetic workload) through simulated engines under several routing
 //! policies, then stress-tests the KV index with the resulting event stream.
-//! `arbor router` runs the KV-aware router service (`kvrouter`). The logic
+//! `arbor router` runs the KV-aware router service (`kvrouter`). `arbor db`
+//! shows, queries and watches the tables of a process serving statedb's
+//! HTTP API. The logic
 //! lives in those crates; this binary only parses flags (`arbor::ReplayArgs`,
 //! `kvrouter::RouterArgs`), draws progress bars, sets up logging and prints.
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
@@ -42,6 +44,10 @@ enum Command {
     /// go to stderr (RUST_LOG sets the level; default info). SIGTERM or
     /// Ctrl-C stops it gracefully.
     Router(Box<kvrouter::RouterArgs>),
+    /// Show, query and watch the tables of a running process that serves
+    /// statedb's HTTP API (`statedb::http`).
+    #[command(subcommand)]
+    Db(arbor::db_cmd::DbCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -61,6 +67,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Kv(KvCommand::Replay(args)) => match replay(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Db(cmd) => match db(&cmd) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");
@@ -148,6 +161,14 @@ fn router(args: kvrouter::RouterArgs) -> anyhow::Result<()> {
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))
     })
+}
+
+fn db(cmd: &arbor::db_cmd::DbCommand) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let stdout = std::io::stdout();
+    rt.block_on(arbor::db_cmd::run(cmd, &mut stdout.lock()))
 }
 
 fn replay(args: &ReplayArgs) -> anyhow::Result<()> {

@@ -373,3 +373,173 @@ fn live_routing_through_a_router_matches_the_simulation() {
         assert_eq!(l["requests"], p["requests"]);
     }
 }
+
+/// A process serving a `nodes` table over statedb's HTTP API, on a thread
+/// of its own; the table handle writes to it.
+struct DbServer {
+    db: statedb::Db,
+    nodes: statedb::Table<serde_json::Value>,
+    url: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl DbServer {
+    fn start() -> Self {
+        use statedb::http::{Api, QueryIndex};
+        use statedb::Index;
+        let db = statedb::Db::new();
+        let id = |v: &serde_json::Value| v["id"].as_u64().unwrap_or(0);
+        let by_id = Index::unique("id", id);
+        let by_name = Index::unique("name", |v: &serde_json::Value| {
+            v["name"].as_str().unwrap_or_default().to_string()
+        });
+        let nodes = db
+            .create_table("nodes", &by_id, &[by_name.erase()])
+            .unwrap();
+        let api = Api::new(&db).export(
+            &nodes,
+            &[QueryIndex::parsed(&by_id), QueryIndex::parsed(&by_name)],
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                addr_tx.send(l.local_addr().unwrap()).unwrap();
+                api.serve(l, async {
+                    let _ = stopped.await;
+                })
+                .await
+                .unwrap();
+            });
+        });
+        let url = format!("http://{}", addr_rx.recv().unwrap());
+        DbServer {
+            db,
+            nodes,
+            url,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    fn put(&self, id: u64, name: &str) {
+        let mut txn = self.db.write_txn(&[&self.nodes]).unwrap();
+        self.nodes
+            .insert(&mut txn, serde_json::json!({"id": id, "name": name}))
+            .unwrap();
+        txn.commit().unwrap();
+    }
+}
+
+impl Drop for DbServer {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn db_shows_queries_and_watches_a_running_process() {
+    use std::io::{BufRead, BufReader};
+    let s = DbServer::start();
+    for (id, name) in [(1, "a1"), (2, "a2"), (3, "b1")] {
+        s.put(id, name);
+    }
+    let url = s.url.as_str();
+
+    let out = arbor(&["db", "show", "--url", url, "nodes"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let lines: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[2]["object"]["name"], "b1");
+    assert_eq!(lines[2]["revision"], 3);
+
+    let out = arbor(&["db", "show", "--url", url]);
+    assert_eq!(text(&out.stdout).trim(), "nodes\trevision 3\t3 objects");
+
+    let out = arbor(&[
+        "db", "query", "--url", url, "nodes", "name", "a", "--prefix",
+    ]);
+    let names: Vec<String> = text(&out.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["object"]["name"].to_string()
+        })
+        .collect();
+    assert_eq!(names, vec!["\"a1\"", "\"a2\""]);
+    let out = arbor(&[
+        "db",
+        "query",
+        "--url",
+        url,
+        "nodes",
+        "id",
+        "2",
+        "--lower-bound",
+    ]);
+    assert_eq!(text(&out.stdout).lines().count(), 2);
+    let out = arbor(&["db", "query", "--url", url, "nodes", "id", "3"]);
+    assert!(text(&out.stdout).contains("\"b1\""));
+
+    // Errors: the server's message, exit status 1.
+    refused(
+        &arbor(&["db", "show", "--url", url, "edges"]),
+        "no table \"edges\"",
+    );
+    refused(
+        &arbor(&["db", "query", "--url", url, "nodes", "id", "x"]),
+        "key \"x\"",
+    );
+    refused(
+        &arbor(&["db", "query", "--url", url, "nodes", "zone", "x"]),
+        "no queryable index",
+    );
+    let out = arbor(&[
+        "db",
+        "query",
+        "--url",
+        url,
+        "nodes",
+        "id",
+        "1",
+        "--prefix",
+        "--lower-bound",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+
+    // watch: the objects, then a change as it commits.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args(["db", "watch", "--url", url, "nodes"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for want in ["a1", "a2", "b1"] {
+        let l: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        assert_eq!(l["object"]["name"], want);
+        assert_eq!(l["kind"], "insert");
+    }
+    s.put(2, "a2-renamed");
+    let l: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(
+        (l["kind"].as_str(), l["revision"].as_u64()),
+        (Some("update"), Some(4))
+    );
+    assert_eq!(l["object"]["name"], "a2-renamed");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

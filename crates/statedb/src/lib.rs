@@ -66,6 +66,8 @@
 mod changes;
 mod db;
 mod error;
+#[cfg(feature = "http")]
+pub mod http;
 mod index;
 mod init;
 mod key;
