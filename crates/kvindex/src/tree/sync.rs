@@ -40,14 +40,20 @@ mod imp {
 #[cfg(loom)]
 #[allow(unsafe_code)]
 mod loom_imp {
+    use std::cell::RefCell;
     use std::mem::ManuallyDrop;
     use std::ops::{Deref, DerefMut};
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
     type Deferred = Box<dyn FnOnce() + Send>;
 
-    /// Releases deferred until the next [`flush_deferred`].
-    static DEFERRED: Mutex<Vec<Deferred>> = Mutex::new(Vec::new());
+    std::thread_local! {
+        /// Releases deferred until the next [`flush_deferred`]. Per OS
+        /// thread: a loom model runs all its threads on the thread of its
+        /// test, and tests run side by side, so a process-wide list would
+        /// let one model's flush free nodes another model's readers walk.
+        static DEFERRED: RefCell<Vec<Deferred>> = const { RefCell::new(Vec::new()) };
+    }
 
     /// A pinned reader (nothing to hold: nothing is released while pinned).
     pub(crate) struct Guard(());
@@ -60,16 +66,13 @@ mod loom_imp {
     impl Guard {
         /// Keeps `f` until [`flush_deferred`].
         pub(crate) fn defer<F: FnOnce() + Send + 'static>(&self, f: F) {
-            DEFERRED
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Box::new(f));
+            DEFERRED.with(|d| d.borrow_mut().push(Box::new(f)));
         }
     }
 
     /// Runs every deferred release; only once no reader can be walking.
     pub(crate) fn flush_deferred() {
-        let all = std::mem::take(&mut *DEFERRED.lock().unwrap_or_else(|e| e.into_inner()));
+        let all = DEFERRED.with(|d| std::mem::take(&mut *d.borrow_mut()));
         for f in all {
             f();
         }
