@@ -159,6 +159,10 @@ pub enum Error {
     /// is the source).
     #[error("json: {0}")]
     Json(#[source] JsonError),
+    /// Outcome: the system refused a thread the database needed (a
+    /// [`derive`](crate::derive)'s).
+    #[error("cannot start a thread: {0}")]
+    Thread(String),
 }
 
 impl Error {
@@ -190,7 +194,8 @@ impl Error {
             | Error::RevisionMismatch { .. }
             | Error::MergeChangedKey
             | Error::InvalidPrefixLen { .. }
-            | Error::Json(_) => false,
+            | Error::Json(_)
+            | Error::Thread(_) => false,
         }
     }
 
@@ -295,6 +300,7 @@ mod tests {
             Error::MergeChangedKey,
             Error::InvalidPrefixLen { len: 33, max: 32 },
             Error::from(json),
+            Error::Thread("no memory".into()),
         ]
     }
 
@@ -324,13 +330,14 @@ mod tests {
             Error::MergeChangedKey => (18, false),
             Error::InvalidPrefixLen { .. } => (19, false),
             Error::Json(_) => (20, false),
+            Error::Thread(_) => (21, false),
         }
     }
 
     #[test]
     fn every_variant_is_misuse_or_outcome() {
         let all = every_variant();
-        let mut seen = [false; 21];
+        let mut seen = [false; 22];
         for e in &all {
             let (arm, misuse) = expected(e);
             assert!(!seen[arm], "{e:?} listed twice");

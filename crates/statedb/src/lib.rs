@@ -65,6 +65,7 @@
 
 mod changes;
 mod db;
+mod derive;
 mod error;
 #[cfg(feature = "http")]
 pub mod http;
@@ -98,6 +99,7 @@ mod sealed {
 
 pub use changes::{Change, ChangeKind, ChangeRef, Changes, ChangesIter};
 pub use db::{Db, DbOptions, TableOptions, TableStats};
+pub use derive::{derive, Derivation, DeriveResult};
 pub use error::{Error, JsonError};
 pub use index::{AnyIndex, Index};
 pub use init::Initializer;

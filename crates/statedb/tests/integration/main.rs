@@ -4,6 +4,7 @@
 
 mod basic;
 mod common;
+mod derive;
 mod errors;
 mod keys;
 mod metrics;
