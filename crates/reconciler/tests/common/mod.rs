@@ -237,6 +237,20 @@ pub fn wait_for(mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Polls `cond` for up to `timeout`; whether it came to hold.
+pub fn holds_within(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if start.elapsed() >= timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }

@@ -1,0 +1,192 @@
+//! Throughput and memory of the reconciler, in the shape of Go statedb's
+//! reconciler benchmark: objects inserted as pending in write transactions
+//! of 1000, operations that only count, timed from the first insert until
+//! the last object is done; then the heap and peak RSS.
+//!
+//! `cargo run --release -p reconciler --example bench -- [objects] [round_size]`
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reconciler::{Config, OpError, Operations, Reconciler, Status, StatusKind, Target};
+use statedb::{Db, Index, Objects, ReadTxn, Revision, Table};
+use test_support::fast_mimalloc::FastMiMalloc;
+
+/// mimalloc (as statedb's benches use) with counts of what is allocated.
+struct Counting;
+
+static TOTAL_BYTES: AtomicU64 = AtomicU64::new(0);
+static TOTAL_OBJECTS: AtomicU64 = AtomicU64::new(0);
+static LIVE_BYTES: AtomicU64 = AtomicU64::new(0);
+static LIVE_OBJECTS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded unchanged to `FastMiMalloc`, which
+// upholds `GlobalAlloc`'s contract; the counters only observe sizes.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        TOTAL_BYTES.fetch_add(l.size() as u64, Relaxed);
+        TOTAL_OBJECTS.fetch_add(1, Relaxed);
+        LIVE_BYTES.fetch_add(l.size() as u64, Relaxed);
+        LIVE_OBJECTS.fetch_add(1, Relaxed);
+        // SAFETY: our caller's contract is the allocator's.
+        unsafe { FastMiMalloc.alloc(l) }
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE_BYTES.fetch_sub(l.size() as u64, Relaxed);
+        LIVE_OBJECTS.fetch_sub(1, Relaxed);
+        // SAFETY: `p` came from `alloc`/`realloc` above with layout `l`.
+        unsafe { FastMiMalloc.dealloc(p, l) }
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        TOTAL_BYTES.fetch_add(new as u64, Relaxed);
+        TOTAL_OBJECTS.fetch_add(1, Relaxed);
+        LIVE_BYTES.fetch_add(new as u64, Relaxed);
+        LIVE_BYTES.fetch_sub(l.size() as u64, Relaxed);
+        // SAFETY: as for `dealloc`, and `new` is non-zero by contract.
+        unsafe { FastMiMalloc.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Go's `testObject`: an id and a status.
+#[derive(Clone, Debug)]
+struct TestObject {
+    id: u64,
+    status: Status,
+}
+
+/// Operations that only count updates.
+struct CountOps(Arc<AtomicUsize>);
+
+impl Operations<TestObject> for CountOps {
+    fn update(&mut self, _: &ReadTxn, _: Revision, _: &TestObject) -> Result<(), OpError> {
+        self.0.fetch_add(1, Relaxed);
+        Ok(())
+    }
+    fn delete(&mut self, _: &ReadTxn, _: Revision, _: &TestObject) -> Result<(), OpError> {
+        Ok(())
+    }
+    fn prune(&mut self, _: &ReadTxn, _: Objects<'_, TestObject>) -> Result<(), OpError> {
+        Ok(())
+    }
+}
+
+fn peak_rss_kib() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let objects: u64 = args
+        .next()
+        .map(|a| a.parse())
+        .transpose()?
+        .unwrap_or(1_000_000);
+    let round_size: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1000);
+    const BATCH: u64 = 1000;
+
+    let (bytes0, objects0) = (LIVE_BYTES.load(Relaxed), LIVE_OBJECTS.load(Relaxed));
+    let total0 = TOTAL_BYTES.load(Relaxed);
+
+    let db = Db::new();
+    let id = Index::unique("id", |o: &TestObject| o.id);
+    let table: Table<TestObject> = db.create_table("test-objects", &id, &[])?;
+    let target = Target::new(
+        &table,
+        &id,
+        |o| o.id,
+        |o| &o.status,
+        |o, status| TestObject {
+            status,
+            ..o.clone()
+        },
+    );
+    let updates = Arc::new(AtomicUsize::new(0));
+    let config = Config {
+        round_size,
+        // Go's benchmark allows 1000 rounds a second (burst 10), which
+        // caps it at 1M objects/s; here rounds are not limited.
+        round_rate: None,
+        ..Config::default()
+    };
+    let rec = Reconciler::start(&db, target, CountOps(updates.clone()), config)?;
+
+    let start = Instant::now();
+    let mut next = 0u64;
+    while next < objects {
+        let mut w = db.write_txn(&[&table])?;
+        for _ in 0..BATCH.min(objects - next) {
+            table.insert(
+                &mut w,
+                TestObject {
+                    id: next,
+                    status: Status::pending(),
+                },
+            )?;
+            next += 1;
+        }
+        w.commit()?;
+    }
+    let inserted = start.elapsed();
+    // Wait for the last object to be done.
+    loop {
+        let r = db.read_txn();
+        let (obj, watch) = table.read(&r)?.get_watch(&id, &(objects - 1));
+        if obj.is_some_and(|o| o.status.kind() == StatusKind::Done) {
+            break;
+        }
+        drop(r);
+        watch.wait_timeout(Duration::from_secs(10));
+    }
+    let took = start.elapsed();
+
+    let r = db.read_txn();
+    let done = table
+        .all(&r)?
+        .filter(|o| o.status.kind() == StatusKind::Done)
+        .count();
+    assert_eq!(
+        updates.load(Relaxed) as u64,
+        objects,
+        "every object updated once"
+    );
+    assert_eq!(done as u64, objects, "every object done");
+    drop(r);
+    db.collect_garbage();
+
+    let live_bytes = LIVE_BYTES.load(Relaxed) - bytes0;
+    let live_objects = LIVE_OBJECTS.load(Relaxed) - objects0;
+    let total = TOTAL_BYTES.load(Relaxed) - total0;
+    let secs = took.as_secs_f64();
+    println!(
+        "{objects} objects reconciled in {secs:.3} s (inserts done at {:.3} s; round size {round_size}, write batches of {BATCH})",
+        inserted.as_secs_f64()
+    );
+    println!("throughput {:.0} objects/s", objects as f64 / secs);
+    println!(
+        "allocated {:.1} MB in total; in use {live_objects} objects, {:.1} MB ({:.0} B per object)",
+        mb(total),
+        mb(live_bytes),
+        live_bytes as f64 / objects as f64
+    );
+    if let Some(kib) = peak_rss_kib() {
+        println!("peak RSS {:.1} MB", kib as f64 * 1024.0 / 1e6);
+    }
+    let (rounds, _) = rec.counts();
+    println!("{rounds} rounds");
+    rec.stop();
+    Ok(())
+}
