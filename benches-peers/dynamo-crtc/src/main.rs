@@ -1,29 +1,103 @@
-//! kvindex vs Dynamo's CRTC (`dynamo-kv-router` 1.6.1,
-//! `ThreadPoolIndexer<ConcurrentRadixTreeCompressed>`), and the kvindex
-//! reference, fed the identical synthetic event stream through the same
-//! shape of harness: one producer enqueues every event onto per-worker
-//! lanes (N lane threads), then waits for a flush; R reader threads run
-//! lookups meanwhile. Reports block ops/s, lookup p50/p99 and bytes per
-//! stored block, and checks that the indexes agree on every query.
+//! kvindex's `ConcurrentIndex` (`concurrent`) against Dynamo's CRTC
+//! (`dynamo-kv-router` 1.6.1, `ThreadPoolIndexer<ConcurrentRadixTreeCompressed>`,
+//! `dynamo-crtc`) and kvindex's `ReferenceIndex` (`reference`), fed the
+//! identical events and lookups.
+//!
+//! The events and lookups are the timeline `arbor kv replay --stress`
+//! replays (`kvreplay::timeline`): a Mooncake trace (`--trace FILE`, scaled
+//! by `--trace-length-factor`, `--trace-duplication-factor`,
+//! `--trace-block-size`, `--block-size`) or the synthetic workload, routed
+//! through `--workers` simulated engines by `--stress-policy` (random by
+//! default). The flags are `arbor kv replay`'s own (`arbor::ReplayArgs`,
+//! flattened); `--event-lanes` (alias `--lanes`) and `--query-lanes` (alias
+//! `--readers`) set the harness, the flags of the routing comparison and
+//! of the outputs are accepted and ignored.
+//!
+//! Every index runs in the same harness: one producer thread submits the
+//! events in time order to N event lanes (kvindex's `Lanes` for ours and the
+//! reference, the `ThreadPoolIndexer`'s N worker threads for Dynamo; a
+//! worker's events always on one lane) and waits until they are applied,
+//! while R lookup threads run the lookups (dealt in turn, each thread's in
+//! time order). Two modes:
+//!
+//! 1. **Overload**: every deadline is now; each side runs as fast as it
+//!    can. Write capacity is hashes stored plus hashes removed over the time
+//!    until the last event is applied; the lookup threads run their lookups
+//!    (in order, again from the first once done) until then, and report
+//!    their service time (the time inside `find_matches`).
+//! 2. **Fixed rates** (`--rate`, block operations per second as the stress
+//!    replay counts them: hashes looked up, stored and removed): the
+//!    timeline is compressed so that it offers that rate; the producer and
+//!    the lookup threads wait for each entry's deadline (to 1 ms, as the
+//!    stress replay). An index kept up when everything finished within
+//!    1.1 x the window. Lookups report service time and, apart, queueing
+//!    (how late each started after its deadline).
+//!
+//! Agreement: a sequential pass applies the timeline in time order to all
+//! three and compares the scores of every lookup at that point (quiescent:
+//! Dynamo's lane flushed first), and every run's final state is compared
+//! with the sequential pass's on every lookup. Memory: each index populated
+//! alone, heap bytes per stored (worker, block) pair.
 //!
 //! ```sh
 //! cd benches-peers/dynamo-crtc
-//! cargo run --release -- --lanes 1,2,4,8 --readers 4
+//! cargo run --release -- --lanes 1,2,4,8 --readers 4 --repeats 5
+//! cargo run --release -- --trace ../../../shared/data/mooncake/mooncake_trace_1000.jsonl \
+//!     --workers 128 --trace-duplication-factor 4 --block-size 128 --lanes 1,2 --rate 2e6,4e6
 //! ```
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
-use std::sync::{Arc, Barrier};
-use std::time::Instant;
+use std::sync::{Arc, Barrier, OnceLock};
+use std::time::{Duration, Instant};
 
+use clap::{CommandFactory, FromArgMatches, Parser};
 use dynamo_kv_router::concurrent_radix_tree_compressed::ConcurrentRadixTreeCompressed;
 use dynamo_kv_router::indexer::{SyncIndexer, ThreadPoolIndexer};
 use dynamo_kv_router::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
     KvCacheStoredBlockData, LocalBlockHash, RouterEvent,
 };
-use kvindex::workload::{Workload, WorkloadConfig};
-use kvindex::{ConcurrentIndex, KvEvent, KvEventData, KvIndexer, Lanes, LocalHash, ReferenceIndex};
+use hdrhistogram::Histogram;
+use kvindex::{
+    ConcurrentIndex, ExternalHash, KvEvent, KvEventData, KvIndexer, Lanes, LocalHash,
+    OverlapScores, ReferenceIndex, WorkerKey,
+};
+use kvreplay::replay::TimelineEntry;
+use kvreplay::{NoProgress, ReplayOptions, WorkloadSource};
+
+/// The command line.
+#[derive(Parser)]
+#[command(about = "kvindex against Dynamo's CRTC and the reference on the identical timeline")]
+struct Args {
+    /// Interleaved runs per index and setting; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// Offered rates to run at, block operations per second (hashes looked
+    /// up, stored and removed), comma-separated.
+    #[arg(long, value_delimiter = ',', value_name = "OPS_PER_S")]
+    rate: Vec<f64>,
+    /// Skip the overload runs.
+    #[arg(long)]
+    no_overload: bool,
+    /// Skip the sequential agreement pass.
+    #[arg(long)]
+    no_agreement: bool,
+    /// Keep the simulated engines' own external block hashes (salted per
+    /// worker, as engines with per-process hash seeds publish them) instead
+    /// of renaming them, per worker, to the sequence hash of the block's
+    /// prefix (what engines with deterministic hashing publish, and what
+    /// Dynamo's CRTC needs: it refuses a store whose parent hash another
+    /// worker's path names differently).
+    #[arg(long)]
+    engine_hashes: bool,
+    #[command(flatten)]
+    replay: arbor::ReplayArgs,
+}
+
+/// The indexes, in the order each repeat runs them.
+const NAMES: [&str; 3] = ["concurrent", "dynamo-crtc", "reference"];
 
 struct Counting;
 static LIVE: AtomicIsize = AtomicIsize::new(0);
@@ -80,53 +154,748 @@ fn to_dynamo(ev: &KvEvent) -> RouterEvent {
     )
 }
 
-/// Runs the lookup for query number `i`.
-type Lookup = Arc<dyn Fn(usize) -> usize + Send + Sync>;
-
-/// Runs `write` (which must apply every event and return when flushed)
-/// while `readers` threads call `lookup`. Returns (secs, p50 µs, p99 µs).
-fn timed(
-    write: impl FnOnce(),
-    lookup: Lookup,
-    queries: &Arc<Vec<Vec<LocalHash>>>,
-    readers: usize,
-) -> (f64, f64, f64) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let bar = Arc::new(Barrier::new(readers + 1));
-    let hs: Vec<_> = (0..readers)
-        .map(|r| {
-            let (stop, bar, q, f) = (stop.clone(), bar.clone(), queries.clone(), lookup.clone());
-            std::thread::spawn(move || {
-                let mut lat = Vec::with_capacity(1 << 20);
-                let mut i = r * 7919;
-                bar.wait();
-                while !stop.load(Ordering::Relaxed) {
-                    i = (i + 1) % q.len();
-                    let t = Instant::now();
-                    std::hint::black_box(f(i));
-                    lat.push(t.elapsed().as_nanos() as u64);
-                }
-                lat
-            })
-        })
-        .collect();
-    bar.wait();
-    let t0 = Instant::now();
-    write();
-    let secs = t0.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    let mut lat: Vec<u64> = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
-    lat.sort_unstable();
-    let p = |x: f64| {
-        if lat.is_empty() {
-            0.0
-        } else {
-            lat[((lat.len() - 1) as f64 * x) as usize] as f64 / 1e3
-        }
-    };
-    (secs, p(0.5), p(0.99))
+/// One entry of the timeline in time order.
+#[derive(Clone, Copy)]
+enum Entry {
+    /// Event number `i`.
+    Event(usize),
+    /// Lookup number `i`.
+    Lookup(usize),
 }
 
+/// A lookup's answer: (worker id, dp rank, score) with score > 0, sorted.
+type Scores = Vec<(u64, u32, u32)>;
+
+fn ours_scores(s: &OverlapScores) -> Scores {
+    let mut v: Scores = s
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(w, n)| (w.worker_id, w.dp_rank, n))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+fn dynamo_scores(s: &dynamo_kv_router::protocols::OverlapScores) -> Scores {
+    let mut v: Scores = s
+        .scores
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(w, n)| (w.worker_id, w.dp_rank, *n))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// The timeline, owned, in both sides' forms.
+struct Data {
+    /// Every event, in time order.
+    events: Vec<KvEvent>,
+    /// Dynamo's form of each event.
+    dyn_events: Vec<RouterEvent>,
+    /// Each event's simulated time, µs.
+    event_us: Vec<u64>,
+    /// Every lookup.
+    queries: Vec<Vec<LocalHash>>,
+    /// Dynamo's form of each lookup.
+    dyn_queries: Vec<Vec<LocalBlockHash>>,
+    /// Per lookup thread: (simulated time µs, lookup number), in time order.
+    query_lanes: Vec<Vec<(u64, usize)>>,
+    /// Every entry in time order.
+    order: Vec<Entry>,
+    /// Latest simulated time, µs.
+    span_us: u64,
+    /// Hashes stored plus hashes removed.
+    event_ops: u64,
+    /// Hashes looked up.
+    query_ops: u64,
+    /// Tokens per block (Dynamo's `ThreadPoolIndexer` takes it).
+    block_size: u32,
+}
+
+/// Renames each worker's external block hashes to the sequence hash of the
+/// block's prefix of local hashes (`kvindex::sequence_hashes`), the same on
+/// every worker: a one-to-one renaming per worker, so every index's answers
+/// are unchanged. `events` in time order (each worker's in publication
+/// order).
+fn deterministic_hashes(events: &mut [KvEvent]) {
+    let mut names: HashMap<WorkerKey, HashMap<u64, u64>> = HashMap::new();
+    for ev in events {
+        let m = names.entry(ev.worker).or_default();
+        match &mut ev.data {
+            KvEventData::Stored { parent, blocks } => {
+                let mut prev = parent.map(|p| *m.get(&p.0).expect("parent stored before"));
+                *parent = prev.map(ExternalHash);
+                for b in blocks {
+                    let h = match prev {
+                        None => b.local.0,
+                        Some(p) => kvindex::next_sequence_hash(p, b.local),
+                    };
+                    m.insert(b.external.0, h);
+                    b.external = ExternalHash(h);
+                    prev = Some(h);
+                }
+            }
+            KvEventData::Removed { hashes } => {
+                for h in hashes {
+                    *h = ExternalHash(m.remove(&h.0).expect("removed block stored before"));
+                }
+            }
+            KvEventData::Cleared => m.clear(),
+        }
+    }
+}
+
+impl Data {
+    fn new(
+        opts: &ReplayOptions,
+        readers: usize,
+        engine_hashes: bool,
+    ) -> Result<Self, kvreplay::Error> {
+        let tl = kvreplay::timeline(opts, &NoProgress)?;
+        let lanes = tl.lanes(1, readers);
+        let mut events: Vec<KvEvent> = lanes.events[0].iter().map(|(_, e)| (*e).clone()).collect();
+        if !engine_hashes {
+            deterministic_hashes(&mut events);
+        }
+        let event_us = lanes.events[0].iter().map(|(t, _)| *t).collect();
+        let mut queries = Vec::new();
+        let mut number = HashMap::new();
+        let query_lanes = lanes
+            .queries
+            .iter()
+            .map(|lane| {
+                lane.iter()
+                    .map(|(t, h)| {
+                        number.insert(h.as_ptr() as usize, queries.len());
+                        queries.push(h.to_vec());
+                        (*t, queries.len() - 1)
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut next_event = 0;
+        let order = tl
+            .in_time_order()
+            .into_iter()
+            .map(|(_, e)| match e {
+                TimelineEntry::Event(_) => {
+                    next_event += 1;
+                    Entry::Event(next_event - 1)
+                }
+                TimelineEntry::Query(h) => Entry::Lookup(number[&(h.as_ptr() as usize)]),
+            })
+            .collect();
+        Ok(Self {
+            dyn_events: events.iter().map(to_dynamo).collect(),
+            dyn_queries: queries
+                .iter()
+                .map(|q| q.iter().map(|h| LocalBlockHash(h.0)).collect())
+                .collect(),
+            events,
+            event_us,
+            queries,
+            query_lanes,
+            order,
+            span_us: tl.span_us().max(1),
+            event_ops: lanes.event_block_ops(),
+            query_ops: lanes.query_block_ops(),
+            block_size: opts.sim.engine.block_size as u32,
+        })
+    }
+
+    fn total_ops(&self) -> u64 {
+        self.event_ops + self.query_ops
+    }
+}
+
+/// An entry runs at once when its deadline is less than this far away
+/// (the stress replay's timer granularity).
+const GRANULARITY: Duration = Duration::from_millis(1);
+
+fn wait_until(target: Instant) {
+    let now = Instant::now();
+    if target > now + GRANULARITY {
+        std::thread::sleep(target - now);
+    }
+}
+
+/// Nanoseconds, at least 1 (the histograms' lowest value).
+fn ns(d: Duration) -> u64 {
+    d.as_nanos().clamp(1, 1 << 40) as u64
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 1 << 40, 3).expect("histogram bounds")
+}
+
+/// What one run measured.
+struct RunStats {
+    /// Start until the last event was applied, s.
+    write_s: f64,
+    /// Start until the last lookup finished, s.
+    lookup_s: f64,
+    /// Time inside `find_matches`, ns.
+    service: Histogram<u64>,
+    /// Start of each lookup after its deadline, ns (one record per lookup
+    /// run).
+    queueing: Histogram<u64>,
+    /// Lookups whose answer differs from the sequential pass's final state
+    /// (checked after the run, quiescent).
+    final_disagreements: usize,
+}
+
+impl RunStats {
+    fn elapsed_s(&self) -> f64 {
+        self.write_s.max(self.lookup_s)
+    }
+}
+
+/// Runs the events through `submit` (then `flush`, which returns once all
+/// are applied) from this thread at their `deadlines` after the start,
+/// while one thread per lookup lane runs `lookup` at the lanes' deadlines;
+/// with `cycle`, a lane that has run all its lookups starts again from the
+/// first until the events are applied (lookups under write load all along).
+fn harness<T: Send>(
+    items: Vec<T>,
+    deadlines: &[Duration],
+    mut submit: impl FnMut(T),
+    flush: impl FnOnce(),
+    lanes: &[Vec<(Duration, usize)>],
+    lookup: &(dyn Fn(usize) + Sync),
+    cycle: bool,
+) -> (f64, f64, Histogram<u64>, Histogram<u64>) {
+    let barrier = Barrier::new(lanes.len() + 1);
+    let start_cell = OnceLock::new();
+    let written = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = lanes
+            .iter()
+            .map(|lane| {
+                let (barrier, start_cell, written) = (&barrier, &start_cell, &written);
+                s.spawn(move || {
+                    let (mut service, mut queueing) = (hist(), hist());
+                    barrier.wait();
+                    let start: Instant = *start_cell.get().expect("start set");
+                    let mut k = 0;
+                    while k < lane.len() {
+                        let (at, q) = lane[k % lane.len()];
+                        let target = start + at;
+                        wait_until(target);
+                        let t0 = Instant::now();
+                        lookup(q);
+                        let t1 = Instant::now();
+                        service.saturating_record(ns(t1 - t0));
+                        queueing.saturating_record(ns(t0.saturating_duration_since(target)));
+                        k += 1;
+                        if cycle && k == lane.len() && !written.load(Ordering::Acquire) {
+                            // Again from the first, until the events are in.
+                            k = 0;
+                        }
+                    }
+                    (service, queueing, Instant::now())
+                })
+            })
+            .collect();
+        let start = Instant::now() + Duration::from_millis(2);
+        start_cell.set(start).expect("set once");
+        barrier.wait();
+        for (item, at) in items.into_iter().zip(deadlines) {
+            wait_until(start + *at);
+            submit(item);
+        }
+        flush();
+        let write_s = start.elapsed().as_secs_f64();
+        written.store(true, Ordering::Release);
+        let (mut service, mut queueing) = (hist(), hist());
+        let mut lookup_s = 0f64;
+        for h in handles {
+            let (s, q, end) = h.join().expect("lookup thread");
+            service.add(s).unwrap();
+            queueing.add(q).unwrap();
+            lookup_s = lookup_s.max(end.saturating_duration_since(start).as_secs_f64());
+        }
+        (write_s, lookup_s, service, queueing)
+    })
+}
+
+/// One run of index `name` with `lanes` event lanes; `window` compresses
+/// the timeline (`None`: overload, every deadline now).
+fn run_index(
+    name: &str,
+    data: &Data,
+    lanes: usize,
+    window: Option<Duration>,
+    expected: &[Scores],
+    rt: &tokio::runtime::Runtime,
+) -> RunStats {
+    let at = |t: u64| match window {
+        None => Duration::ZERO,
+        Some(w) => {
+            Duration::from_nanos((u128::from(t) * w.as_nanos() / u128::from(data.span_us)) as u64)
+        }
+    };
+    let deadlines: Vec<Duration> = data.event_us.iter().map(|t| at(*t)).collect();
+    let qlanes: Vec<Vec<(Duration, usize)>> = data
+        .query_lanes
+        .iter()
+        .map(|l| l.iter().map(|(t, q)| (at(*t), *q)).collect())
+        .collect();
+    let (write_s, lookup_s, service, queueing, final_disagreements) = if name == "dynamo-crtc" {
+        let idx =
+            ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), lanes, data.block_size);
+        let items = data.dyn_events.clone();
+        let dq = &data.dyn_queries;
+        let (w, l, s, q) = harness(
+            items,
+            &deadlines,
+            |ev| idx.enqueue_event(ev).expect("enqueue"),
+            || rt.block_on(idx.flush_and_wait()).expect("flush"),
+            &qlanes,
+            &|i| {
+                std::hint::black_box(idx.backend().find_matches(&dq[i], false));
+            },
+            window.is_none(),
+        );
+        let bad = dq
+            .iter()
+            .zip(expected)
+            .filter(|(q, e)| dynamo_scores(&idx.backend().find_matches(q, false)) != **e)
+            .count();
+        (w, l, s, q, bad)
+    } else {
+        let ix: Arc<dyn KvIndexer> = if name == "concurrent" {
+            Arc::new(ConcurrentIndex::new())
+        } else {
+            Arc::new(ReferenceIndex::new())
+        };
+        let l = Lanes::new(ix.clone(), lanes);
+        let items = data.events.clone();
+        let qs = &data.queries;
+        let (w, lk, s, q) = harness(
+            items,
+            &deadlines,
+            |ev| l.submit(ev),
+            || l.flush(),
+            &qlanes,
+            &|i| {
+                std::hint::black_box(ix.find_matches(&qs[i]));
+            },
+            window.is_none(),
+        );
+        assert_eq!(l.apply_errors(), 0, "{name}: events refused");
+        drop(l);
+        let bad = qs
+            .iter()
+            .zip(expected)
+            .filter(|(q, e)| ours_scores(&ix.find_matches(q)) != **e)
+            .count();
+        (w, lk, s, q, bad)
+    };
+    RunStats {
+        write_s,
+        lookup_s,
+        service,
+        queueing,
+        final_disagreements,
+    }
+}
+
+/// What the sequential pass found.
+struct Agreement {
+    /// Lookups compared.
+    lookups: usize,
+    /// Lookups where ours and the reference differ.
+    ours_vs_reference: usize,
+    /// Lookups where ours and Dynamo differ.
+    ours_vs_dynamo: usize,
+    /// Of those, lookups where Dynamo reports a worker a longer prefix than
+    /// the reference (overcounting), and a shorter one or none.
+    dynamo_over: usize,
+    dynamo_under: usize,
+    /// The first disagreement with Dynamo, described.
+    first_dynamo: Option<String>,
+    /// Every lookup's answer after the whole timeline (ours).
+    final_scores: Vec<Scores>,
+    /// Lookups whose final answers differ: ours vs the reference, ours vs
+    /// Dynamo.
+    final_vs_reference: usize,
+    final_vs_dynamo: usize,
+    /// Events Dynamo's CRTC did not apply (its acknowledgement says so).
+    dynamo_refused: usize,
+    /// The first of them.
+    first_refused: Option<String>,
+}
+
+/// Applies the timeline in time order, one event at a time, to all three
+/// (Dynamo's each acknowledged before the next entry) and compares every
+/// lookup where it falls.
+fn agreement(data: &Data, rt: &tokio::runtime::Runtime, per_lookup: bool) -> Agreement {
+    let ours = ConcurrentIndex::new();
+    let reference = ReferenceIndex::new();
+    let crtc = ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), 1, data.block_size);
+    let mut a = Agreement {
+        lookups: 0,
+        ours_vs_reference: 0,
+        ours_vs_dynamo: 0,
+        dynamo_over: 0,
+        dynamo_under: 0,
+        first_dynamo: None,
+        final_scores: Vec::new(),
+        final_vs_reference: 0,
+        final_vs_dynamo: 0,
+        dynamo_refused: 0,
+        first_refused: None,
+    };
+    for e in &data.order {
+        match *e {
+            Entry::Event(i) => {
+                ours.apply(&data.events[i]).expect("ours applies");
+                reference.apply(&data.events[i]).expect("reference applies");
+                if rt
+                    .block_on(crtc.apply_event_and_wait(data.dyn_events[i].clone()))
+                    .is_err()
+                {
+                    a.dynamo_refused += 1;
+                    if a.first_refused.is_none() {
+                        a.first_refused = Some(format!("{:?}", data.events[i]));
+                    }
+                }
+            }
+            Entry::Lookup(q) if per_lookup => {
+                let o = ours_scores(&ours.find_matches(&data.queries[q]));
+                let r = ours_scores(&reference.find_matches(&data.queries[q]));
+                let d = dynamo_scores(&crtc.backend().find_matches(&data.dyn_queries[q], false));
+                a.lookups += 1;
+                a.ours_vs_reference += usize::from(o != r);
+                if d != r {
+                    a.ours_vs_dynamo += 1;
+                    let score = |s: &Scores, w: (u64, u32)| {
+                        s.iter().find(|x| (x.0, x.1) == w).map_or(0, |x| x.2)
+                    };
+                    let over = d.iter().any(|x| x.2 > score(&r, (x.0, x.1)));
+                    if over {
+                        a.dynamo_over += 1;
+                    } else {
+                        a.dynamo_under += 1;
+                    }
+                    if a.first_dynamo.is_none() {
+                        a.first_dynamo = Some(format!(
+                            "lookup {q} ({} blocks): reference {r:?}, dynamo {d:?}",
+                            data.queries[q].len()
+                        ));
+                    }
+                }
+            }
+            Entry::Lookup(_) => {}
+        }
+    }
+    rt.block_on(crtc.flush_and_wait()).expect("flush");
+    for (q, dq) in data.queries.iter().zip(&data.dyn_queries) {
+        let o = ours_scores(&ours.find_matches(q));
+        a.final_vs_reference += usize::from(o != ours_scores(&reference.find_matches(q)));
+        a.final_vs_dynamo +=
+            usize::from(o != dynamo_scores(&crtc.backend().find_matches(dq, false)));
+        a.final_scores.push(o);
+    }
+    a
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn us(h: &Histogram<u64>, q: f64) -> f64 {
+    if h.is_empty() {
+        0.0
+    } else {
+        h.value_at_quantile(q) as f64 / 1e3
+    }
+}
+
+/// Live heap bytes the allocator counts now.
+fn live() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+fn main() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let cmd = Args::command()
+        .mut_arg("event_lanes", |a| a.visible_alias("lanes").alias("threads"))
+        .mut_arg("query_lanes", |a| a.visible_alias("readers"));
+    let args = Args::from_arg_matches(&cmd.get_matches()).unwrap_or_else(|e| e.exit());
+    let opts = args.replay.options().unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(2)
+    });
+    let stress = opts.stress.clone().unwrap_or_default();
+    let (lanes_list, readers) = (stress.event_lanes.clone(), stress.query_lanes);
+    let repeats = args.repeats.max(1);
+    println!(
+        "hashing: {} cases identical to dynamo-kv-router 1.6.1 (block and sequence hashes, LoRA and cache salt)",
+        check_hashing()
+    );
+    let t0 = Instant::now();
+    let data = Data::new(&opts, readers, args.engine_hashes).unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(2)
+    });
+    let source = match &opts.workload {
+        WorkloadSource::Trace(t) => format!(
+            "{} (length factor {}, duplication {}, trace block {} -> block {} tokens)",
+            t.path.display(),
+            t.scaling.length_factor,
+            t.scaling.duplication_factor,
+            t.scaling.trace_block_size,
+            t.scaling.block_size
+        ),
+        WorkloadSource::Synthetic(s) => format!(
+            "synthetic (seed {}, {} s of sessions at {}/s, block {} tokens)",
+            s.seed, s.duration_s, s.session_rate, s.block_size
+        ),
+    };
+    println!(
+        "timeline: {source}; {} workers x {} blocks, {} routing, {} external hashes; {} events ({} block ops), {} lookups ({} block ops) over {:.0} simulated s; built in {:.1} s",
+        opts.sim.workers,
+        opts.sim.engine.capacity_blocks,
+        stress.policy,
+        if args.engine_hashes {
+            "the engines' (salted per worker)"
+        } else {
+            "deterministic"
+        },
+        data.events.len(),
+        data.event_ops,
+        data.queries.len(),
+        data.query_ops,
+        data.span_us as f64 / 1e6,
+        t0.elapsed().as_secs_f64()
+    );
+    println!(
+        "harness: 1 producer -> N event lanes, {readers} lookup threads; medians of {repeats} interleaved runs; {}",
+        std::env::var("BENCH_DATE").unwrap_or_default()
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+
+    // The sequential pass first: its final answers check every run.
+    let t0 = Instant::now();
+    let ag = agreement(&data, &rt, !args.no_agreement);
+    if !args.no_agreement {
+        println!(
+            "agreement, sequential (every lookup where it falls, quiescent): concurrent vs reference differ on {} of {} lookups; dynamo-crtc vs reference on {} ({} where Dynamo reports a longer prefix for some worker, {} only shorter or missing)",
+            ag.ours_vs_reference, ag.lookups, ag.ours_vs_dynamo, ag.dynamo_over, ag.dynamo_under
+        );
+        if let Some(f) = &ag.first_dynamo {
+            println!("  first dynamo-crtc disagreement: {f}");
+        }
+        println!(
+            "  dynamo-crtc refused {} of {} events{}",
+            ag.dynamo_refused,
+            data.events.len(),
+            ag.first_refused
+                .as_ref()
+                .map(|e| format!("; the first: {e}"))
+                .unwrap_or_default()
+        );
+    }
+    println!(
+        "agreement, final state ({} lookups): concurrent vs reference differ on {}, concurrent vs dynamo-crtc on {} ({:.1} s)",
+        data.queries.len(),
+        ag.final_vs_reference,
+        ag.final_vs_dynamo,
+        t0.elapsed().as_secs_f64()
+    );
+    let mut final_bad = [0usize; 3];
+    let mut runs = [0usize; 3];
+
+    if !args.no_overload {
+        for &lanes in &lanes_list {
+            let mut res: Vec<Vec<RunStats>> = (0..NAMES.len()).map(|_| Vec::new()).collect();
+            // Interleaved so load changes on a shared machine hit all.
+            for _ in 0..repeats {
+                for (i, name) in NAMES.iter().enumerate() {
+                    let r = run_index(name, &data, lanes, None, &ag.final_scores, &rt);
+                    final_bad[i] += r.final_disagreements;
+                    runs[i] += 1;
+                    res[i].push(r);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            println!("\noverload: {lanes} event lanes, {readers} lookup threads");
+            println!(
+                "{:<12} {:>16} {:>10} {:>10} {:>11} {:>11}",
+                "index", "write ops/s", "p50 µs", "p99 µs", "writes ms", "lookups"
+            );
+            let mut ops = Vec::new();
+            for (i, name) in NAMES.iter().enumerate() {
+                let r = &res[i];
+                let o = median(
+                    r.iter()
+                        .map(|x| data.event_ops as f64 / x.write_s)
+                        .collect(),
+                );
+                ops.push(o);
+                println!(
+                    "{:<12} {:>16.0} {:>10.2} {:>10.2} {:>11.1} {:>11.0}",
+                    name,
+                    o,
+                    median(r.iter().map(|x| us(&x.service, 0.5)).collect()),
+                    median(r.iter().map(|x| us(&x.service, 0.99)).collect()),
+                    median(r.iter().map(|x| x.write_s * 1e3).collect()),
+                    median(r.iter().map(|x| x.service.len() as f64).collect()),
+                );
+            }
+            println!(
+                "lanes {lanes}: concurrent / dynamo-crtc = {:.2}x, concurrent / reference = {:.2}x",
+                ops[0] / ops[1],
+                ops[0] / ops[2]
+            );
+        }
+    }
+
+    for &rate in &args.rate {
+        let window = Duration::from_secs_f64(data.total_ops() as f64 / rate);
+        for &lanes in &lanes_list {
+            let mut res: Vec<Vec<RunStats>> = (0..NAMES.len()).map(|_| Vec::new()).collect();
+            for _ in 0..repeats {
+                for (i, name) in NAMES.iter().enumerate() {
+                    let r = run_index(name, &data, lanes, Some(window), &ag.final_scores, &rt);
+                    final_bad[i] += r.final_disagreements;
+                    runs[i] += 1;
+                    res[i].push(r);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            println!(
+                "\nrate {rate:.3e} block ops/s (window {:.0} ms): {lanes} event lanes, {readers} lookup threads",
+                window.as_secs_f64() * 1e3
+            );
+            println!(
+                "{:<12} {:>8} {:>14} {:>11} {:>19} {:>19}",
+                "index",
+                "kept up",
+                "achieved/s",
+                "elapsed ms",
+                "service p50/p99 µs",
+                "queueing p50/p99 µs"
+            );
+            for (i, name) in NAMES.iter().enumerate() {
+                let r = &res[i];
+                let w = window.as_secs_f64();
+                let kept = r.iter().filter(|x| x.elapsed_s() <= 1.1 * w).count();
+                println!(
+                    "{:<12} {:>8} {:>14.0} {:>11.1} {:>19} {:>19}",
+                    name,
+                    format!("{kept}/{}", r.len()),
+                    median(
+                        r.iter()
+                            .map(|x| data.total_ops() as f64 / x.elapsed_s().max(w))
+                            .collect()
+                    ),
+                    median(r.iter().map(|x| x.elapsed_s() * 1e3).collect()),
+                    format!(
+                        "{:.2}/{:.2}",
+                        median(r.iter().map(|x| us(&x.service, 0.5)).collect()),
+                        median(r.iter().map(|x| us(&x.service, 0.99)).collect())
+                    ),
+                    format!(
+                        "{:.1}/{:.1}",
+                        median(r.iter().map(|x| us(&x.queueing, 0.5)).collect()),
+                        median(r.iter().map(|x| us(&x.queueing, 0.99)).collect())
+                    ),
+                );
+            }
+        }
+    }
+    if runs.iter().any(|r| *r > 0) {
+        println!(
+            "\nagreement, each run's final state against the sequential pass (lookups differing, summed over runs): {}",
+            NAMES
+                .iter()
+                .zip(final_bad.iter().zip(&runs))
+                .map(|(n, (b, r))| format!("{n} {b} in {r} runs"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    drop(ag);
+
+    // Memory: each index populated alone on this thread.
+    kvindex::reclaim_deferred();
+    let before = live();
+    let ours = ConcurrentIndex::new();
+    for ev in &data.events {
+        ours.apply(ev).expect("applies");
+    }
+    kvindex::reclaim_deferred();
+    let our_bytes = live() - before;
+    let held: usize = ours
+        .workers()
+        .iter()
+        .map(|w| ours.worker_block_count(*w))
+        .sum();
+    let before = live();
+    let reference = ReferenceIndex::new();
+    for ev in &data.events {
+        reference.apply(ev).expect("applies");
+    }
+    let ref_bytes = live() - before;
+    let ref_held: usize = reference
+        .workers()
+        .iter()
+        .map(|w| reference.worker_block_count(*w))
+        .sum();
+    let before = live();
+    let crtc = ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), 1, data.block_size);
+    // Flushed every 256 events, so its queue stays short.
+    for chunk in data.dyn_events.chunks(256) {
+        for ev in chunk {
+            crtc.enqueue_event(ev.clone()).expect("enqueue");
+        }
+        rt.block_on(crtc.flush_and_wait()).expect("flush");
+    }
+    let dyn_bytes = live() - before;
+    println!(
+        "\nmemory: {held} held (worker, block) pairs (reference {ref_held}); bytes per stored block: concurrent {:.1}, dynamo-crtc {:.1} (with its 1-lane ThreadPoolIndexer's own state), reference {:.1}",
+        our_bytes as f64 / held.max(1) as f64,
+        dyn_bytes as f64 / held.max(1) as f64,
+        ref_bytes as f64 / held.max(1) as f64
+    );
+
+    // Steady-state lookups (no writers), one thread, every lookup 3 times.
+    let lat = |f: &dyn Fn(usize)| {
+        let mut h = hist();
+        for _ in 0..3 {
+            for i in 0..data.queries.len() {
+                let t = Instant::now();
+                f(i);
+                h.saturating_record(ns(t.elapsed()));
+            }
+        }
+        (us(&h, 0.5), us(&h, 0.99))
+    };
+    let (o50, o99) = lat(&|i| {
+        std::hint::black_box(ours.find_matches(&data.queries[i]));
+    });
+    let (d50, d99) = lat(&|i| {
+        std::hint::black_box(crtc.backend().find_matches(&data.dyn_queries[i], false));
+    });
+    let (r50, r99) = lat(&|i| {
+        std::hint::black_box(reference.find_matches(&data.queries[i]));
+    });
+    println!(
+        "steady-state lookup p50/p99 µs (populated, no writers): concurrent {o50:.2}/{o99:.2}, dynamo-crtc {d50:.2}/{d99:.2}, reference {r50:.2}/{r99:.2}"
+    );
+}
 /// Checks our hashing against Dynamo's own functions on random inputs.
 fn check_hashing() -> usize {
     use dynamo_kv_router::protocols::{
@@ -187,211 +956,4 @@ fn check_hashing() -> usize {
         }
     }
     cases
-}
-
-fn main() {
-    println!("hashing: {} cases identical to dynamo-kv-router 1.6.1 (block and sequence hashes, LoRA and cache salt)", check_hashing());
-    let mut lanes_list = vec![1usize, 2, 4, 8];
-    let mut readers = 4usize;
-    let mut requests = 100_000usize;
-    let mut workers = 128usize;
-    let mut repeats = 5usize;
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    for w in argv.chunks(2) {
-        let v = w.get(1).cloned().unwrap_or_default();
-        match w[0].as_str() {
-            "--lanes" | "--threads" => {
-                lanes_list = v.split(',').filter_map(|x| x.parse().ok()).collect()
-            }
-            "--readers" => readers = v.parse().unwrap(),
-            "--requests" => requests = v.parse().unwrap(),
-            "--workers" => workers = v.parse().unwrap(),
-            "--repeats" => repeats = v.parse().unwrap(),
-            o => panic!("unknown argument {o}"),
-        }
-    }
-    let wl = Workload::generate(WorkloadConfig {
-        workers,
-        requests,
-        queries: 4096,
-        ..WorkloadConfig::default()
-    });
-    let dyn_events: Vec<RouterEvent> = wl.events.iter().map(to_dynamo).collect();
-    let queries = Arc::new(wl.queries.clone());
-    let dyn_queries: Arc<Vec<Vec<LocalBlockHash>>> = Arc::new(
-        wl.queries
-            .iter()
-            .map(|q| q.iter().map(|h| LocalBlockHash(h.0)).collect())
-            .collect(),
-    );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    println!(
-        "workload: {workers} workers, {} events, {} block ops; {readers} readers; medians of {repeats} interleaved runs; {}",
-        wl.events.len(),
-        wl.block_ops,
-        std::env::var("BENCH_DATE").unwrap_or_default()
-    );
-    println!(
-        "{:<12} {:>5} {:>14} {:>9} {:>9}",
-        "index", "lanes", "block ops/s", "p50 µs", "p99 µs"
-    );
-    let names = ["dynamo-crtc", "concurrent", "reference"];
-    let run_one = |name: &str, lanes: usize| -> (f64, f64, f64) {
-        let (secs, p50, p99) = if name == "dynamo-crtc" {
-            // Dynamo CRTC through its ThreadPoolIndexer.
-            let idx = Arc::new(ThreadPoolIndexer::new(
-                ConcurrentRadixTreeCompressed::new(),
-                lanes,
-                16,
-            ));
-            let evs = dyn_events.clone();
-            let i2 = idx.clone();
-            let dq = dyn_queries.clone();
-            let lookup: Lookup =
-                Arc::new(move |i: usize| i2.backend().find_matches(&dq[i], false).scores.len());
-            timed(
-                || {
-                    for ev in evs {
-                        idx.enqueue_event(ev).unwrap();
-                    }
-                    rt.block_on(idx.flush_and_wait()).unwrap();
-                },
-                lookup,
-                &queries,
-                readers,
-            )
-        } else {
-            let ix: Arc<dyn KvIndexer> = if name == "concurrent" {
-                Arc::new(ConcurrentIndex::new())
-            } else {
-                Arc::new(ReferenceIndex::new())
-            };
-            let l = Lanes::new(ix.clone(), lanes);
-            let evs = wl.events.clone();
-            let i2 = ix.clone();
-            let q2 = queries.clone();
-            let lookup: Lookup = Arc::new(move |i: usize| i2.find_matches(&q2[i]).len());
-            timed(
-                || {
-                    for ev in evs {
-                        l.submit(ev);
-                    }
-                    l.flush();
-                },
-                lookup,
-                &queries,
-                readers,
-            )
-        };
-        (wl.block_ops as f64 / secs, p50, p99)
-    };
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
-    for &lanes in &lanes_list {
-        let mut res: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); names.len()];
-        // Interleave the indexes so load changes on a shared machine hit all.
-        for _ in 0..repeats.max(1) {
-            for (i, name) in names.iter().enumerate() {
-                res[i].push(run_one(name, lanes));
-            }
-        }
-        let mut ops = Vec::new();
-        for (i, name) in names.iter().enumerate() {
-            let o = median(res[i].iter().map(|r| r.0).collect());
-            let p50 = median(res[i].iter().map(|r| r.1).collect());
-            let p99 = median(res[i].iter().map(|r| r.2).collect());
-            ops.push(o);
-            println!(
-                "{:<12} {:>5} {:>14.0} {:>9.2} {:>9.2}",
-                name, lanes, o, p50, p99
-            );
-        }
-        println!(
-            "lanes {lanes}: concurrent / dynamo-crtc = {:.2}x, concurrent / reference = {:.2}x",
-            ops[1] / ops[0],
-            ops[1] / ops[2]
-        );
-    }
-
-    // Memory and agreement: populate each index on one lane, no readers.
-    let held: usize;
-    {
-        let ours = ConcurrentIndex::new();
-        for ev in &wl.events {
-            let _ = ours.apply(ev);
-        }
-        held = ours
-            .workers()
-            .iter()
-            .map(|w| ours.worker_block_count(*w))
-            .sum();
-    }
-    let before = LIVE.load(Ordering::Relaxed);
-    let crtc = ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), 1, 16);
-    for ev in dyn_events.iter().cloned() {
-        crtc.enqueue_event(ev).unwrap();
-    }
-    rt.block_on(crtc.flush_and_wait()).unwrap();
-    let dyn_bytes = LIVE.load(Ordering::Relaxed) - before;
-    let before = LIVE.load(Ordering::Relaxed);
-    let ours = ConcurrentIndex::new();
-    for ev in &wl.events {
-        let _ = ours.apply(ev);
-    }
-    let our_bytes = LIVE.load(Ordering::Relaxed) - before;
-    let mut mismatches = 0;
-    for (q, dq) in wl.queries.iter().zip(dyn_queries.iter()) {
-        let a = ours.find_matches(q);
-        let b = crtc.backend().find_matches(dq, false);
-        let mut bs: Vec<(u64, u32, u32)> = b
-            .scores
-            .iter()
-            .map(|(w, s)| (w.worker_id, w.dp_rank, *s))
-            .filter(|x| x.2 > 0)
-            .collect();
-        bs.sort_unstable();
-        let mut as_: Vec<(u64, u32, u32)> =
-            a.iter().map(|(w, s)| (w.worker_id, w.dp_rank, s)).collect();
-        as_.sort_unstable();
-        if as_ != bs {
-            mismatches += 1;
-        }
-    }
-    // Steady-state lookups (no writers), one thread, every query 5 times.
-    let lat = |f: &dyn Fn(usize) -> usize| {
-        let mut v = Vec::new();
-        for _ in 0..5 {
-            for i in 0..wl.queries.len() {
-                let t = Instant::now();
-                std::hint::black_box(f(i));
-                v.push(t.elapsed().as_nanos() as f64 / 1e3);
-            }
-        }
-        v.sort_by(|a, b| a.total_cmp(b));
-        (v[v.len() / 2], v[v.len() * 99 / 100])
-    };
-    let (d50, d99) = lat(&|i| {
-        crtc.backend()
-            .find_matches(&dyn_queries[i], false)
-            .scores
-            .len()
-    });
-    let (o50, o99) = lat(&|i| ours.find_matches(&wl.queries[i]).len());
-    println!(
-        "steady-state lookup p50/p99 µs (populated, no writers): dynamo-crtc {d50:.2}/{d99:.2}, concurrent {o50:.2}/{o99:.2}"
-    );
-    println!(
-        "memory: {held} held blocks; bytes per stored block: dynamo-crtc {:.1}, concurrent {:.1} (includes the 1-lane ThreadPoolIndexer's own state)",
-        dyn_bytes as f64 / held as f64,
-        our_bytes as f64 / held as f64
-    );
-    println!(
-        "agreement: {mismatches} of {} queries differ between dynamo-crtc and concurrent",
-        wl.queries.len()
-    );
 }
