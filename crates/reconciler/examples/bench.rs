@@ -3,7 +3,11 @@
 //! of 1000, operations that only count, timed from the first insert until
 //! the last object is done; then the heap and peak RSS.
 //!
-//! `cargo run --release -p reconciler --example bench -- [objects] [round_size]`
+//! `cargo run --release -p reconciler --example bench -- [objects] [round_size] [inserts]`
+//!
+//! With `inserts`, no reconciler runs: a change stream is registered (so
+//! the table keeps the revision index it would) and only the inserts are
+//! timed, the floor under the reconciler's figure.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -78,6 +82,26 @@ impl Operations<TestObject> for CountOps {
     }
 }
 
+/// Inserts `objects` pending objects, `batch` per write transaction.
+fn insert(db: &Db, table: &Table<TestObject>, objects: u64, batch: u64) -> statedb::Result<()> {
+    let mut next = 0u64;
+    while next < objects {
+        let mut w = db.write_txn(&[table])?;
+        for _ in 0..batch.min(objects - next) {
+            table.insert(
+                &mut w,
+                TestObject {
+                    id: next,
+                    status: Status::pending(),
+                },
+            )?;
+            next += 1;
+        }
+        w.commit()?;
+    }
+    Ok(())
+}
+
 fn peak_rss_kib() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -96,6 +120,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .transpose()?
         .unwrap_or(1_000_000);
     let round_size: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(1000);
+    let inserts_only = args.next().is_some_and(|a| a == "inserts");
     const BATCH: u64 = 1000;
 
     let (bytes0, objects0) = (LIVE_BYTES.load(Relaxed), LIVE_OBJECTS.load(Relaxed));
@@ -122,6 +147,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         round_rate: None,
         ..Config::default()
     };
+    if inserts_only {
+        let mut w = db.write_txn(&[&table])?;
+        let _changes = table.changes(&mut w)?;
+        w.commit()?;
+        let start = Instant::now();
+        insert(&db, &table, objects, BATCH)?;
+        let took = start.elapsed().as_secs_f64();
+        println!(
+            "{objects} objects inserted in {took:.3} s: {:.0} objects/s",
+            objects as f64 / took
+        );
+        return Ok(());
+    }
     let rec = Reconciler::start(&db, target, CountOps(updates.clone()), config)?;
 
     let start = Instant::now();

@@ -322,7 +322,8 @@ impl Reconciler {
         revision: Revision,
         timeout: Duration,
     ) -> Result<Revision, WaitError> {
-        let deadline = Instant::now() + timeout;
+        // A timeout past what `Instant` can hold waits without one.
+        let deadline = Instant::now().checked_add(timeout);
         loop {
             let l = self.shared.progressed.listen();
             match self.shared.check(revision) {
@@ -330,6 +331,10 @@ impl Reconciler {
                 Err(Some(e)) => return Err(e),
                 Err(None) => {}
             }
+            let Some(deadline) = deadline else {
+                l.wait();
+                continue;
+            };
             if l.wait_deadline(deadline).is_none() && Instant::now() >= deadline {
                 return match self.shared.check(revision) {
                     Ok(r) => Ok(r),

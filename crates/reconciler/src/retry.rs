@@ -35,7 +35,7 @@ impl Backoff {
             return d;
         }
         let f = 1.0 + rng.random_range(-self.jitter..=self.jitter);
-        d.mul_f64(f.max(0.0))
+        Duration::try_from_secs_f64(d.as_secs_f64() * f.max(0.0)).unwrap_or(self.max)
     }
 }
 

@@ -117,15 +117,15 @@ where
 
     /// Runs until stopped (or a database error, which is a bug).
     pub(crate) async fn run(mut self) {
+        let mut guard = Ended {
+            shared: self.shared.clone(),
+            error: Some("the reconciler's operations panicked".into()),
+        };
         let end = self.run_inner().await;
-        let error = end.err().map(|e| e.to_string());
-        if let Some(e) = &error {
+        guard.error = end.err().map(|e| e.to_string());
+        if let Some(e) = &guard.error {
             tracing::error!(reconciler = %self.cfg.name, error = %e, "reconciler stopped");
         }
-        self.shared.publish(|p| {
-            p.stopped = true;
-            p.health = Health::Stopped { error };
-        });
     }
 
     async fn run_inner(&mut self) -> Result<(), Error> {
@@ -405,8 +405,13 @@ where
                     }
                 }
                 (true, None) => {
+                    // Done: nothing of this key is left to retry (also not
+                    // a delete of an earlier version that failed in this
+                    // round, before this update ran).
                     if let Some(k) = o.key {
                         self.retries.clear(&k);
+                    } else if !self.retries.is_empty() {
+                        self.retries.clear(&(self.target.key)(&e.object));
                     }
                 }
                 // Not written: a newer version (or the delete) is on its
@@ -521,6 +526,24 @@ where
             p.health = health;
             p.rounds += u64::from(worked);
             p.prunes += u64::from(pruned);
+        });
+    }
+}
+
+/// Publishes the end of the loop however it ends: returning, or unwinding
+/// from a panic in an operation (then with that as the error), so that
+/// waiters learn of it.
+struct Ended {
+    shared: Arc<Shared>,
+    error: Option<String>,
+}
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        let error = self.error.take();
+        self.shared.publish(|p| {
+            p.stopped = true;
+            p.health = Health::Stopped { error };
         });
     }
 }

@@ -262,8 +262,7 @@ fn refresh_updates_old_done_objects_again() {
     // One token a second: the first object now, the second a second later.
     wait_for(|| env.fake.ext().updates == 3);
     let t1 = env.clock.now();
-    wait_for(|| env.status(1).unwrap().updated_at() == t1);
-    assert_eq!(env.kind(1), Some(StatusKind::Done));
+    wait_for(|| env.status(1).map(|s| (s.kind(), s.updated_at())) == Some((StatusKind::Done, t1)));
     env.wait_deadline(t1.plus(Duration::from_secs(1)));
     assert_eq!(env.fake.ext().updates, 3);
     env.clock.advance(Duration::from_secs(1));
@@ -421,11 +420,11 @@ fn metrics_count_operations_errors_and_prunes() {
     assert!(m.recorded(RECONCILIATION_DURATION, Some("update")).unwrap() >= 1);
     assert_eq!(m.counter(PRUNES, None), Some(1));
     env.fake.ext().fail_update.clear();
+    env.clock.advance(ms(100));
+    wait_for(|| m.gauge(RECONCILIATION_CURRENT_ERRORS, Some("update")) == Some(0.0));
     env.fake.ext().fail_delete.insert(1);
     env.remove(&[1]);
-    env.clock.advance(ms(100));
     wait_for(|| m.gauge(RECONCILIATION_CURRENT_ERRORS, Some("delete")) == Some(1.0));
-    wait_for(|| m.gauge(RECONCILIATION_CURRENT_ERRORS, Some("update")) == Some(0.0));
     assert_eq!(m.counter(RECONCILIATIONS, Some("update")), Some(4));
     assert_eq!(m.counter(RECONCILIATIONS, Some("delete")), Some(1));
     assert_eq!(m.counter(RECONCILIATION_ERRORS, Some("delete")), Some(1));
@@ -542,4 +541,105 @@ async fn async_operations_on_tokio() {
         .unwrap();
     assert_eq!(env.fake.ext().items, env.desired());
     drop(rec);
+}
+
+#[test]
+fn a_panicking_operation_stops_the_loop_and_says_so() {
+    struct Panics;
+    impl reconciler::Operations<Item> for Panics {
+        fn update(
+            &mut self,
+            _: &statedb::ReadTxn,
+            _: u64,
+            _: &Item,
+        ) -> Result<(), reconciler::OpError> {
+            panic!("operation bug")
+        }
+        fn delete(
+            &mut self,
+            _: &statedb::ReadTxn,
+            _: u64,
+            _: &Item,
+        ) -> Result<(), reconciler::OpError> {
+            Ok(())
+        }
+        fn prune(
+            &mut self,
+            _: &statedb::ReadTxn,
+            _: statedb::Objects<'_, Item>,
+        ) -> Result<(), reconciler::OpError> {
+            Ok(())
+        }
+    }
+    let env = Env::new();
+    let rec =
+        Reconciler::start_with_clock(&env.db, env.target(), Panics, config(), env.clock.clone())
+            .unwrap();
+    let rev = env.put(&[(1, 1)]);
+    assert_eq!(
+        rec.wait_until_reconciled(rev, LONG),
+        Err(WaitError::Stopped)
+    );
+    assert!(matches!(rec.health(), Health::Stopped { error: Some(_) }));
+    rec.stop();
+}
+
+#[test]
+fn extreme_durations_do_not_panic() {
+    let env = Env::new();
+    let rec = env.start(Config {
+        retry_min: Duration::MAX,
+        retry_max: Duration::MAX,
+        retry_jitter: 1.0,
+        prune_interval: Some(Duration::MAX),
+        refresh_interval: Some(Duration::MAX),
+        ..config()
+    });
+    env.fake.ext().fail_update.insert(1);
+    let rev = env.put(&[(1, 1), (2, 2)]);
+    wait_for(|| env.kind(1) == Some(StatusKind::Error));
+    assert!(matches!(
+        rec.wait_until_reconciled(rev, ms(1)),
+        Err(WaitError::Failing { .. })
+    ));
+    env.clock.advance(Duration::MAX);
+    let rev = env.put(&[(2, 3)]);
+    // No deadline overflows, and a timeout past `Instant`'s range is fine.
+    env.fake.ext().fail_update.clear();
+    env.remove(&[1]);
+    let rev = rev.max(env.put(&[(3, 3)]));
+    rec.wait_until_reconciled(rev, Duration::MAX).unwrap();
+    assert!(!matches!(rec.health(), Health::Stopped { .. }));
+}
+
+#[test]
+fn an_update_in_the_same_round_supersedes_a_failed_delete() {
+    let env = Env::new();
+    let rec = env.start(config());
+    let rev = env.put(&[(4, 35)]);
+    rec.wait_until_reconciled(rev, LONG).unwrap();
+    env.fake.ext().fail_delete.insert(4);
+    // One round sees the delete of the old version (which fails) and the
+    // new version (which succeeds).
+    let mut w = env.db.write_txn(&[&env.table]).unwrap();
+    env.table.delete_key(&mut w, &4u32).unwrap();
+    env.table
+        .insert(
+            &mut w,
+            Item {
+                id: 4,
+                value: 16,
+                status: Status::pending(),
+            },
+        )
+        .unwrap();
+    let rev = env.table.revision(&w.commit().unwrap()).unwrap();
+    rec.wait_until_reconciled(rev, LONG).unwrap();
+    assert_eq!(env.fake.ext().deletes, 1);
+    assert_eq!(env.fake.ext().items.get(&4), Some(&16));
+    // No retry of the old delete is left to remove the new version.
+    wait_for(|| env.clock.next_deadline().is_none());
+    env.fake.ext().fail_delete.clear();
+    env.clock.advance(Duration::from_secs(3600));
+    assert_eq!(env.fake.ext().items.get(&4), Some(&16));
 }
