@@ -55,17 +55,21 @@ pub enum StatusKind {
 }
 
 /// An object's reconciliation status: its kind, when it was set, a unique
-/// id and, for [`StatusKind::Error`], the message. 32 bytes.
+/// id and, for [`StatusKind::Error`], the message. 24 bytes (the kind is
+/// kept in the id word's top two bits).
 ///
 /// Writers mark a changed object [`Status::pending`]; the reconciler writes
 /// [`StatusKind::Done`] or [`StatusKind::Error`] back.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Status {
-    id: u64,
+    /// The kind in the top two bits, the id below.
+    tagged: u64,
     updated_at: Timestamp,
     error: Option<Arc<String>>,
-    kind: StatusKind,
 }
+
+const KIND_SHIFT: u32 = 62;
+const ID_MASK: u64 = (1 << KIND_SHIFT) - 1;
 
 /// Ids are unique across the process: each thread reserves a block of them
 /// from one counter, so writers on several cores do not share a line.
@@ -90,11 +94,16 @@ fn next_id() -> u64 {
 
 impl Status {
     fn new(kind: StatusKind, at: Timestamp, error: Option<Arc<String>>) -> Status {
+        let kind_bits = match kind {
+            StatusKind::Pending => 0,
+            StatusKind::Refreshing => 1,
+            StatusKind::Done => 2,
+            StatusKind::Error => 3,
+        };
         Status {
-            id: next_id(),
+            tagged: (kind_bits << KIND_SHIFT) | (next_id() & ID_MASK),
             updated_at: at,
             error,
-            kind,
         }
     }
 
@@ -126,7 +135,12 @@ impl Status {
 
     /// The kind.
     pub fn kind(&self) -> StatusKind {
-        self.kind
+        match self.tagged >> KIND_SHIFT {
+            0 => StatusKind::Pending,
+            1 => StatusKind::Refreshing,
+            2 => StatusKind::Done,
+            _ => StatusKind::Error,
+        }
     }
 
     /// When it was set.
@@ -136,7 +150,7 @@ impl Status {
 
     /// The unique id: two statuses set separately never share one.
     pub fn id(&self) -> u64 {
-        self.id
+        self.tagged & ID_MASK
     }
 
     /// The error message of an [`StatusKind::Error`] status.
@@ -146,7 +160,7 @@ impl Status {
 
     /// Whether the object waits to be reconciled (pending or refreshing).
     pub fn is_pending_or_refreshing(&self) -> bool {
-        matches!(self.kind, StatusKind::Pending | StatusKind::Refreshing)
+        self.tagged >> KIND_SHIFT <= 1
     }
 }
 
@@ -159,7 +173,7 @@ impl Default for Status {
 
 impl fmt::Debug for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}#{}", self.kind, self.id)?;
+        write!(f, "{:?}#{}", self.kind(), self.id())?;
         if let Some(e) = self.error() {
             write!(f, "({e:?})")?;
         }
@@ -171,7 +185,7 @@ impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.error() {
             Some(e) => write!(f, "error: {e}"),
-            None => write!(f, "{}", format!("{:?}", self.kind).to_lowercase()),
+            None => write!(f, "{}", format!("{:?}", self.kind()).to_lowercase()),
         }
     }
 }
@@ -267,7 +281,7 @@ mod tests {
 
     #[test]
     fn status_is_small() {
-        assert_eq!(std::mem::size_of::<Status>(), 32);
+        assert_eq!(std::mem::size_of::<Status>(), 24);
     }
 
     #[test]
