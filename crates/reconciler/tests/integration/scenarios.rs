@@ -1,13 +1,10 @@
 //! The reconciler against a scripted fake external system, on a manual
 //! clock.
 
-mod common;
-#[path = "common/recorder.rs"]
-mod recorder;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::recorder;
+use crate::common::*;
 use reconciler::{
     Clock, Config, ConfigError, Health, RateLimit, Reconciler, StartError, Status, StatusKind,
     StatusSet, Target, WaitError,

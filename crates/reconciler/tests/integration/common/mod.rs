@@ -2,6 +2,8 @@
 //! for the reconciler without sleeping for timing.
 #![allow(dead_code)]
 
+pub mod recorder;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};

@@ -3,11 +3,9 @@
 //! passes the longest backoff, the fake external system holds exactly the
 //! table and every object is done.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use proptest::prelude::*;
 use reconciler::{Clock, Config, StatusKind};
 
