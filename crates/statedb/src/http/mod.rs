@@ -28,4 +28,4 @@ mod client;
 mod server;
 
 pub use client::{ClientError, RemoteChange, RemoteChanges, RemoteObject, RemoteTable};
-pub use server::{Api, ApiOptions, QueryIndex};
+pub use server::{Api, ApiOptions, Closer, QueryIndex};

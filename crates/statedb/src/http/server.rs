@@ -434,8 +434,19 @@ impl Api {
     }
 
     /// The routes, to serve or to merge into an application's router.
+    /// Their change streams end only with their clients: to serve them
+    /// with a graceful shutdown, use [`Api::serve`] or
+    /// [`Api::router_with_closer`].
     pub fn router(self) -> Router {
         routes(self.shared())
+    }
+
+    /// The routes and a handle that ends their open change streams (call
+    /// [`Closer::close`] when the server shuts down, so that it need not
+    /// wait for them).
+    pub fn router_with_closer(self) -> (Router, Closer) {
+        let shared = self.shared();
+        (routes(shared.clone()), Closer(shared))
     }
 
     fn shared(self) -> Arc<Shared> {
@@ -445,6 +456,23 @@ impl Api {
             opts: self.opts,
             closing: tokio::sync::watch::Sender::new(false),
         })
+    }
+}
+
+/// Ends the change streams of routes made by [`Api::router_with_closer`].
+pub struct Closer(Arc<Shared>);
+
+impl std::fmt::Debug for Closer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Closer").finish_non_exhaustive()
+    }
+}
+
+impl Closer {
+    /// Ends every open change stream (each closes its connection's body);
+    /// new ones end at once.
+    pub fn close(&self) {
+        self.0.closing.send_replace(true);
     }
 }
 
