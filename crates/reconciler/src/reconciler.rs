@@ -316,7 +316,8 @@ impl Reconciler {
 
     /// Blocks until every change up to `revision` is reconciled (its
     /// object done, or its delete done) and returns the revision processed;
-    /// or, after `timeout`, says what stands in the way.
+    /// or, after `timeout`, says what stands in the way. Blocks the thread:
+    /// in async code use [`Reconciler::wait_until_reconciled_async`].
     pub fn wait_until_reconciled(
         &self,
         revision: Revision,
@@ -376,12 +377,18 @@ impl Reconciler {
     }
 
     /// Stops the loop after its current round, and waits for a loop
-    /// running on its own thread to end (a tokio task is only told).
+    /// running on its own thread to end (a tokio task is only told; so is
+    /// the loop when this is called from one of its operations).
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         self.shared.wake.notify(usize::MAX);
         let driver = self.driver.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(Driver::Thread(h)) = driver {
+            // Called from an operation, on the loop's own thread: it ends
+            // after this round; joining itself would never return.
+            if h.thread().id() == std::thread::current().id() {
+                return;
+            }
             if h.join().is_err() {
                 tracing::error!(reconciler = %self.shared.name, "reconciler thread panicked");
             }
