@@ -257,6 +257,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let (rounds, _) = rec.counts();
     println!("{rounds} rounds");
+    for t in db.stats() {
+        let per = |total: Duration, timed: u64| total.as_secs_f64() * 1e3 / timed.max(1) as f64;
+        println!(
+            "table lock: {} waits, {:.1} ms waiting in all; held {:.3} ms per transaction (of {} timed)",
+            t.lock_wait.count,
+            t.lock_wait.total.as_secs_f64() * 1e3,
+            per(t.lock_hold.total, t.lock_hold.timed),
+            t.lock_hold.timed
+        );
+    }
     rec.stop();
     Ok(())
 }
