@@ -1,11 +1,9 @@
 //! Hand-written scenarios, run against both indexes and the model.
 
-mod common;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use kvindex::{
     ApplyError, ConcurrentIndex, ExternalHash, KvEvent, KvEventData, KvIndexer, LocalHash,
     ReferenceIndex,

@@ -2,15 +2,13 @@
 //! no query ever overcounts relative to what was ever stored, and that the
 //! final state equals the reference after the same events.
 
-mod common;
-
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::stream::{make_stream, Rng};
-use common::*;
+use crate::common::stream::{make_stream, Rng};
+use crate::common::*;
 use kvindex::{ConcurrentIndex, KvIndexer, Lanes, LocalHash, ReferenceIndex, WorkerKey};
 
 fn stress(seed: u64, workers: u64, per_worker: usize, alphabet: u64, lanes: usize, readers: usize) {

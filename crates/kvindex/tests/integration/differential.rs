@@ -3,9 +3,7 @@
 //! unknown parents; gaps; replays), interleaved with queries, applied to the
 //! concurrent index, the reference index and a per-worker HashSet model.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kvindex::{
     ConcurrentIndex, ExternalHash, KvEvent, KvEventData, KvIndexer, LocalHash, ReferenceIndex,
 };
