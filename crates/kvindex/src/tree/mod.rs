@@ -337,16 +337,32 @@ impl ConcurrentIndex {
     /// (allocator headers and fragmentation not included), by part. Walks
     /// the tree under one read lock per node, so it costs about a `dump`
     /// without the copying; call it at scrape intervals, not per request.
-    /// Nodes kept alive only by a worker's stale slot or a pending epoch
-    /// release are not counted.
+    /// Dead nodes (unlinked or merged away) count while a worker's slot or
+    /// a live node's hint still holds them; nodes waiting for an epoch
+    /// release do not.
     pub fn heap_bytes(&self) -> HeapBytes {
         use std::mem::size_of;
         // An `Arc`'s allocation: two counts and the value.
         let arc = |t: usize| 2 * size_of::<usize>() + t;
         let mut h = HeapBytes::default();
+        // Every node still allocated: those reachable from the root, and
+        // the dead ones (unlinked or merged away) that a worker's slot or
+        // another node's `parent` / `link` hint still holds. Each once.
         let mut stack = vec![Arc::clone(&self.root)];
+        for shard in self.workers.iter() {
+            let entries: Vec<Arc<WorkerEntry>> = shard.read().values().cloned().collect();
+            for e in entries {
+                let st = e.state.lock();
+                stack.extend(st.slots.iter().filter_map(|s| s.node.clone()));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
         while let Some(n) = stack.pop() {
+            if !seen.insert(Arc::as_ptr(&n) as usize) {
+                continue;
+            }
             let g = n.read();
+            stack.extend(g.parent.iter().chain(g.link.iter()).cloned());
             h.nodes += arc(size_of::<sync::RwLock<Node>>());
             if g.blocks.spilled() {
                 h.runs += g.blocks.capacity() * size_of::<LocalHash>();
