@@ -85,7 +85,8 @@ impl Drop for Derivation {
 /// complete table from one still filling.
 ///
 /// Runs on a thread of its own until the returned [`Derivation`] stops or
-/// drops.
+/// drops. A derivation stopped before its input is initialized leaves the
+/// output uninitialized (its initializer stays pending).
 ///
 /// ```
 /// use statedb::{derive, Db, DeriveResult, Index, Table};
