@@ -24,6 +24,7 @@ pub mod seq;
 pub mod service;
 pub mod snapshot;
 pub mod sys;
+pub mod tokenize;
 pub mod wire;
 
 use std::future::Future;

@@ -1,7 +1,9 @@
 //! Support shared by the workspace's tests, benches and examples: global
 //! allocators that count live bytes ([`live_bytes`]) or run mimalloc with
-//! small alignments on its plain path ([`fast_mimalloc`]). Not published.
+//! small alignments on its plain path ([`fast_mimalloc`]); a word-level
+//! tokenizer and chat template written in code ([`tokenizer`]). Not published.
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 
 pub mod fast_mimalloc;
 pub mod live_bytes;
+pub mod tokenizer;
