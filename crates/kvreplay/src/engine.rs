@@ -458,6 +458,24 @@ impl Engine {
         admitted
     }
 
+    /// Removes a request that is still waiting (a client that gave up
+    /// before admission). Returns whether it was waiting; a running
+    /// request ends with [`Engine::finish`] instead.
+    pub fn cancel(&mut self, id: usize) -> bool {
+        let Some(i) = self.waiting.iter().position(|r| r.id == id) else {
+            return false;
+        };
+        if let Some(r) = self.waiting.remove(i) {
+            self.queued_prefill_blocks -= r.locals.len() as u64;
+        }
+        true
+    }
+
+    /// Whether a request is admitted and not yet finished.
+    pub fn is_running(&self, id: usize) -> bool {
+        self.running.contains_key(&id)
+    }
+
     /// Marks a request finished, unpinning its blocks. Call
     /// [`Engine::schedule`] afterwards.
     pub fn finish(&mut self, id: usize) {
@@ -637,5 +655,47 @@ mod tests {
         assert_eq!(ev.len(), 2);
         assert!(ev.windows(2).all(|p| p[0].1.event_id < p[1].1.event_id));
         assert!(ev.iter().all(|(_, e)| e.worker == w(3)));
+    }
+
+    /// A cancelled waiting request leaves the queue (and its pending
+    /// prefill); the next one is admitted in its place. Running requests
+    /// are not cancelled, only finished.
+    #[test]
+    fn cancel_removes_a_waiting_request_only() {
+        let cfg = EngineConfig {
+            capacity_blocks: 100,
+            block_size: 10,
+            prefill_tps: 1000.0,
+            decode_tps: 100.0,
+            max_running: 1,
+        };
+        let mut eng = Engine::new(w(1), cfg);
+        for (id, blocks) in [(0usize, &[1u64, 2][..]), (1, &[3, 4, 5]), (2, &[6])] {
+            let (locals, exts) = prompt(blocks);
+            eng.enqueue(EngineRequest {
+                id,
+                arrival_us: 0,
+                input_tokens: 10 * blocks.len() as u32,
+                output_tokens: 1,
+                locals,
+                exts,
+            });
+        }
+        let mut ev = Vec::new();
+        assert_eq!(eng.schedule(0, &mut ev)[0].id, 0);
+        assert_eq!(
+            eng.pending_prefill_blocks(0),
+            4 + 2,
+            "two queued prompts, 2 blocks in flight"
+        );
+        assert!(eng.cancel(1));
+        assert!(!eng.cancel(1), "already gone");
+        assert!(!eng.cancel(0), "running, not waiting");
+        assert!(eng.is_running(0));
+        assert_eq!(eng.active_requests(), 2);
+        eng.finish(0);
+        let next = eng.schedule(1_000_000, &mut ev);
+        assert_eq!(next.iter().map(|a| a.id).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(eng.pending_prefill_blocks(1_010_000), 0);
     }
 }

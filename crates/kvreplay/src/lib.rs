@@ -10,7 +10,9 @@
 //! what to run, [`Progress`] where progress goes, and [`run`] ties them
 //! together. It is a library with no command line of its own: `arbor kv
 //! replay` (crate `arbor`) builds the options from its flags and draws the
-//! progress bars. See `docs/design.md`.
+//! progress bars. With the `live` feature, [`server`] serves one simulated
+//! engine over OpenAI's HTTP API with vLLM's KV events (`arbor kv engine`).
+//! See `docs/design.md`.
 //!
 //! ```no_run
 //! use kvreplay::{NoProgress, ReplayOptions};
@@ -29,6 +31,8 @@ pub mod options;
 pub mod progress;
 pub mod replay;
 pub mod report;
+#[cfg(feature = "live")]
+pub mod server;
 pub mod stress;
 pub mod synth;
 pub mod trace;
