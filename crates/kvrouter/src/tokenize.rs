@@ -159,13 +159,23 @@ impl ModelTokenizer {
     /// One token per byte, a ChatML chat template, `<|im_start|>` and
     /// `<|im_end|>` as special tokens: a tokenizer needing no files.
     pub fn builtin() -> Self {
-        let config = serde_json::json!({
-            "chat_template": BUILTIN_TEMPLATE,
-            "eos_token": "<|im_end|>",
-            "model_max_length": 32768,
-        });
-        Self::from_json(builtin_tokenizer_json().as_bytes(), Some(&config))
-            .expect("the built-in tokenizer is valid")
+        Self::from_json(
+            builtin_tokenizer_json().as_bytes(),
+            Some(&builtin_config_json()),
+        )
+        .expect("the built-in tokenizer is valid")
+    }
+
+    /// Writes the built-in tokenizer's `tokenizer.json` and
+    /// `tokenizer_config.json` into `dir` (created if missing), for programs
+    /// that take a model directory.
+    pub fn write_builtin(dir: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("tokenizer.json"), builtin_tokenizer_json())?;
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            builtin_config_json().to_string(),
+        )
     }
 
     /// The context length from `model_max_length`, if the config sets one.
@@ -555,6 +565,15 @@ fn strftime(fmt: &str, secs: u64) -> String {
 /// ChatML, as many models' templates write it.
 const BUILTIN_TEMPLATE: &str = "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
+/// The `tokenizer_config.json` of [`ModelTokenizer::builtin`].
+pub fn builtin_config_json() -> Json {
+    serde_json::json!({
+        "chat_template": BUILTIN_TEMPLATE,
+        "eos_token": "<|im_end|>",
+        "model_max_length": 32768,
+    })
+}
+
 /// The `tokenizer.json` of [`ModelTokenizer::builtin`]: byte-level BPE with
 /// no merges (every byte is one token, ids 0 to 255 in GPT-2's byte order),
 /// then the two ChatML markers as special tokens 256 and 257.
@@ -651,6 +670,21 @@ mod tests {
             .unwrap();
         assert_eq!(chat, vec![1, 4, word_id(7), word_id(8), 5]);
         assert_eq!(t.decode(&chat).unwrap(), "[user] t7 t8 [assistant]");
+    }
+
+    #[test]
+    fn builtin_written_to_a_dir_loads_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        ModelTokenizer::write_builtin(dir.path()).unwrap();
+        let t = ModelTokenizer::from_dir(dir.path()).unwrap();
+        let body = json!({"messages": [{"role": "user", "content": "hello"}]});
+        assert_eq!(
+            t.prompt_tokens(Endpoint::ChatCompletions, &body).unwrap(),
+            ModelTokenizer::builtin()
+                .prompt_tokens(Endpoint::ChatCompletions, &body)
+                .unwrap()
+        );
+        assert_eq!(t.max_context(), Some(32768));
     }
 
     #[test]
