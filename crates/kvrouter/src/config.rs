@@ -19,23 +19,27 @@ pub fn policy_value_parser() -> impl clap::builder::TypedValueParser<Value = Pol
     .try_map(|s| s.parse::<PolicyKind>())
 }
 
-/// `ID[:DP]=ENDPOINT[,replay=ENDPOINT]`: a worker given on the command line.
+/// `ID[:DP]=ENDPOINT[,replay=ENDPOINT][,url=http://HOST:PORT]`: a worker
+/// given on the command line. In approximate mode the event endpoint may be
+/// left out (`ID=url=http://HOST:PORT`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerArg {
     /// Instance id.
     pub id: u64,
     /// Data-parallel rank.
     pub dp_rank: u32,
-    /// Event publisher endpoint.
-    pub endpoint: String,
+    /// Event publisher endpoint (`None`: the worker publishes nothing).
+    pub endpoint: Option<String>,
     /// Replay endpoint.
     pub replay: Option<String>,
+    /// The engine's HTTP base URL, for the gateway.
+    pub url: Option<String>,
 }
 
 impl FromStr for WorkerArg {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("{s:?}: expected ID[:DP]=ENDPOINT[,replay=ENDPOINT]");
+        let bad = || format!("{s:?}: expected ID[:DP]=ENDPOINT[,replay=ENDPOINT][,url=URL]");
         let (who, rest) = s.split_once('=').ok_or_else(bad)?;
         let (id, dp) = match who.split_once(':') {
             Some((i, d)) => (i, Some(d)),
@@ -46,28 +50,83 @@ impl FromStr for WorkerArg {
             Some(d) => d.trim().parse::<u32>().map_err(|_| bad())?,
             None => 0,
         };
-        let mut parts = rest.split(',');
-        let endpoint = parts.next().unwrap_or("").trim().to_string();
-        if endpoint.is_empty() {
-            return Err(bad());
+        let mut parts = rest.split(',').map(str::trim).peekable();
+        let mut endpoint = None;
+        // The first part is the endpoint unless it is already an option.
+        if let Some(first) = parts.peek() {
+            if !(first.starts_with("replay=") || first.starts_with("url=")) {
+                if first.is_empty() {
+                    return Err(bad());
+                }
+                endpoint = Some(first.to_string());
+                parts.next();
+            }
         }
         let mut replay = None;
+        let mut url = None;
         for p in parts {
-            match p.trim().split_once('=') {
+            match p.split_once('=') {
                 Some(("replay", e)) if !e.is_empty() => replay = Some(e.to_string()),
+                Some(("url", u)) if !u.is_empty() => {
+                    check_url(u).map_err(|e| format!("{s:?}: {e}"))?;
+                    url = Some(u.trim_end_matches('/').to_string());
+                }
                 _ => {
                     return Err(format!(
-                        "{s:?}: unknown option {p:?} (expected replay=ENDPOINT)"
+                        "{s:?}: unknown option {p:?} (expected replay=ENDPOINT or url=URL)"
                     ))
                 }
             }
+        }
+        if endpoint.is_none() && url.is_none() {
+            return Err(bad());
         }
         Ok(Self {
             id,
             dp_rank,
             endpoint,
             replay,
+            url,
         })
+    }
+}
+
+/// Checks an engine's HTTP base URL: `http://HOST:PORT` (no TLS, no path
+/// but an optional trailing slash, no query).
+pub fn check_url(u: &str) -> Result<(), String> {
+    let rest = u
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("url {u:?} must start with http://"))?;
+    let host = rest.trim_end_matches('/');
+    let ok = !host.is_empty()
+        && !host.contains(['/', '?', '#', '@', ' '])
+        && host.chars().all(|c| c.is_ascii_graphic());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("url {u:?} is not http://HOST[:PORT]"))
+    }
+}
+
+/// `MODEL=DIR`: the tokenizer directory of a model (`--tokenizer`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenizerArg {
+    /// The model name, as requests and workers give it.
+    pub model: String,
+    /// Directory with `tokenizer.json` (and `tokenizer_config.json`).
+    pub dir: std::path::PathBuf,
+}
+
+impl FromStr for TokenizerArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('=') {
+            Some((m, d)) if !m.is_empty() && !d.is_empty() => Ok(Self {
+                model: m.to_string(),
+                dir: d.into(),
+            }),
+            _ => Err(format!("{s:?}: expected MODEL=DIR")),
+        }
     }
 }
 
@@ -84,12 +143,15 @@ pub struct RouterArgs {
     /// the engines' block size: events with another are rejected).
     #[arg(long, default_value_t = 16)]
     pub block_size: u64,
-    /// A worker: ID[:DP]=ENDPOINT[,replay=ENDPOINT], e.g.
-    /// `1=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558`. Repeatable.
+    /// A worker: ID[:DP]=ENDPOINT[,replay=ENDPOINT][,url=http://HOST:PORT],
+    /// e.g. `1=tcp://127.0.0.1:5557,replay=tcp://127.0.0.1:5558,url=http://127.0.0.1:8000`
+    /// (`url`: the engine's OpenAI server, for --gateway; with
+    /// --no-kv-events the event endpoint may be left out: `1=url=http://..`).
+    /// Repeatable.
     #[arg(long = "worker", value_name = "SPEC")]
     pub workers: Vec<WorkerArg>,
     /// Workers from a JSON file: an array of objects with `instance_id`,
-    /// `endpoint`, and optionally `dp_rank`, `replay_endpoint`,
+    /// `endpoint`, and optionally `dp_rank`, `replay_endpoint`, `url`,
     /// `model_name` (default --model) and `block_size` (default
     /// --block-size): the body of `POST /register`.
     #[arg(long, value_name = "FILE")]
@@ -172,6 +234,63 @@ pub struct RouterArgs {
     /// Seed of the policies' random tie-breaks.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Serve the OpenAI-compatible gateway: `POST /v1/completions`,
+    /// `POST /v1/chat/completions`, `GET /v1/models`, proxied to the engine
+    /// each request is routed to (workers registered with a url).
+    #[arg(long)]
+    pub gateway: bool,
+    /// The tokenizer of a model for the gateway: MODEL=DIR, DIR holding
+    /// `tokenizer.json` and `tokenizer_config.json`. Repeatable.
+    #[arg(long = "tokenizer", value_name = "MODEL=DIR")]
+    pub tokenizers: Vec<TokenizerArg>,
+    /// Longest prompt the gateway forwards, tokens (400 above it; default:
+    /// the tokenizer's `model_max_length`, else --max-request-tokens).
+    #[arg(long)]
+    pub max_context_tokens: Option<usize>,
+    /// Seconds between health checks of each engine (`GET URL/health`);
+    /// an engine failing one is not routed to until one passes (0: none).
+    #[arg(long, value_parser = parse_secs, default_value = "5")]
+    pub health_interval: Duration,
+    /// How long one health check may take, seconds.
+    #[arg(long, value_parser = parse_secs, default_value = "2")]
+    pub health_timeout: Duration,
+    /// Extra attempts of a gateway request on other engines after one
+    /// could not connect or answered 5xx or 429 (never once a byte went
+    /// to the client).
+    #[arg(long, default_value_t = 2)]
+    pub max_retries: usize,
+    /// Consecutive failures of an engine that open its circuit breaker
+    /// (it gets no requests until --breaker-cooldown has passed, then one
+    /// trial request; success closes it).
+    #[arg(long, default_value_t = 5)]
+    pub breaker_failures: u32,
+    /// How long an open breaker keeps its engine out, seconds.
+    #[arg(long, value_parser = parse_secs, default_value = "10")]
+    pub breaker_cooldown: Duration,
+    /// How long connecting to an engine may take, seconds.
+    #[arg(long, value_parser = parse_secs, default_value = "2")]
+    pub upstream_connect_timeout: Duration,
+    /// How long a gateway request may take from start to the end of its
+    /// response, seconds (504 before the first byte, cut after).
+    #[arg(long, value_parser = parse_secs, default_value = "600")]
+    pub request_timeout: Duration,
+    /// How long the engine may take to send the first byte of its
+    /// response body, seconds (504).
+    #[arg(long, value_parser = parse_secs, default_value = "60")]
+    pub first_byte_timeout: Duration,
+    /// Gateway requests served at once; more wait in a queue.
+    #[arg(long, default_value_t = 1024)]
+    pub max_concurrent_requests: usize,
+    /// Gateway requests waiting for a slot; beyond that, 429.
+    #[arg(long, default_value_t = 1024)]
+    pub max_queued_requests: usize,
+    /// How long a gateway request may wait for a slot, seconds (then 429).
+    #[arg(long, value_parser = parse_secs, default_value = "30")]
+    pub queue_timeout: Duration,
+    /// On shutdown, how long gateway requests in flight may take to
+    /// finish (new ones get 503 meanwhile), seconds; then they are cut.
+    #[arg(long, value_parser = parse_secs, default_value = "30")]
+    pub drain_timeout: Duration,
     /// The kv-aware cost knobs, for embedding (default: --overlap-weight,
     /// temperature 0).
     #[arg(skip)]
@@ -190,10 +309,12 @@ pub struct WorkerEntry {
     /// Data-parallel rank (0).
     #[serde(default)]
     pub dp_rank: u32,
-    /// Event publisher endpoint.
-    pub endpoint: String,
+    /// Event publisher endpoint (may be left out in approximate mode).
+    pub endpoint: Option<String>,
     /// Replay endpoint.
     pub replay_endpoint: Option<String>,
+    /// The engine's HTTP base URL (`http://HOST:PORT`), for the gateway.
+    pub url: Option<String>,
     /// Model (default --model).
     pub model_name: Option<String>,
     /// Block size (default --block-size).
@@ -262,10 +383,19 @@ mod tests {
             WorkerArg {
                 id: 7,
                 dp_rank: 2,
-                endpoint: "tcp://127.0.0.1:5557".into(),
-                replay: Some("tcp://127.0.0.1:5558".into())
+                endpoint: Some("tcp://127.0.0.1:5557".into()),
+                replay: Some("tcp://127.0.0.1:5558".into()),
+                url: None,
             }
         );
+        let w: WorkerArg = "3=tcp://127.0.0.1:1,url=http://127.0.0.1:8000/"
+            .parse()
+            .unwrap();
+        assert_eq!(w.url.as_deref(), Some("http://127.0.0.1:8000"));
+        let w: WorkerArg = "3:1=url=http://h:80".parse().unwrap();
+        assert_eq!((w.endpoint, w.dp_rank), (None, 1));
+        assert!("a=b".parse::<TokenizerArg>().is_ok());
+        assert!("=b".parse::<TokenizerArg>().is_err());
         assert_eq!("1=ipc:///x".parse::<WorkerArg>().unwrap().dp_rank, 0);
         for bad in [
             "",
@@ -274,6 +404,10 @@ mod tests {
             "1=",
             "1:z=tcp://a:1",
             "1=tcp://a:1,foo=b",
+            "1=tcp://a:1,url=https://h:1",
+            "1=tcp://a:1,url=http://h:1/v1",
+            "1=url=",
+            "1=replay=tcp://a:1",
         ] {
             assert!(bad.parse::<WorkerArg>().is_err(), "{bad}");
         }

@@ -106,13 +106,16 @@ fn default_group() -> String {
 #[derive(Deserialize)]
 struct RegisterReq {
     instance_id: u64,
-    endpoint: String,
+    /// May be left out in approximate mode (`--no-kv-events`).
+    endpoint: Option<String>,
     model_name: String,
     #[serde(default = "default_group")]
     routing_group: String,
     block_size: u64,
     dp_rank: Option<u32>,
     replay_endpoint: Option<String>,
+    /// The engine's HTTP base URL, for the gateway.
+    url: Option<String>,
 }
 
 async fn register(State(s): State<Arc<Service>>, Body(r): Body<RegisterReq>) -> Response {
@@ -129,9 +132,13 @@ async fn register(State(s): State<Arc<Service>>, Body(r): Body<RegisterReq>) -> 
         key: WorkerKey::new(r.instance_id, r.dp_rank.unwrap_or(0)),
         model: r.model_name,
         block_size: r.block_size,
-        endpoint: Some(r.endpoint),
+        endpoint: r.endpoint,
         replay_endpoint: r.replay_endpoint,
+        url: r.url.map(|u| u.trim_end_matches('/').to_string()),
     };
+    if let Err(e) = s.check_spec(&spec) {
+        return e.into_response();
+    }
     match s.register(spec) {
         Ok(()) => (StatusCode::CREATED, Json(json!({"status": "ok"}))).into_response(),
         Err(e) => e.into_response(),
@@ -193,6 +200,10 @@ struct Feed {
     healthy: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     problem: Option<String>,
+    /// Requests routed to it and not yet complete.
+    active_requests: u64,
+    /// Blocks those requests still have to prefill.
+    pending_prefill_blocks: u64,
 }
 
 #[derive(Serialize)]
@@ -204,6 +215,9 @@ struct WorkerInfo {
     routing_group: String,
     block_size: u64,
     endpoints: BTreeMap<u32, String>,
+    /// The engines' HTTP base URLs, by rank (ranks registered with one).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    urls: BTreeMap<u32, String>,
     listeners: BTreeMap<u32, Listener>,
     feeds: BTreeMap<u32, Feed>,
 }
@@ -227,7 +241,12 @@ async fn workers(State(s): State<Arc<Service>>, Query(q): Query<WorkersQuery>) -
             continue;
         }
         let mut by_id: BTreeMap<u64, WorkerInfo> = BTreeMap::new();
-        for (k, w) in m.workers.read().iter() {
+        let workers = m.workers.read();
+        let loads: Vec<kvroute::WorkerLoad> = {
+            let r = m.routing.lock();
+            workers.keys().map(|k| r.loads.load(k, &[])).collect()
+        };
+        for ((k, w), load) in workers.iter().zip(loads) {
             let st = &w.status;
             let problem = st.problem();
             let word = status_word(st.state(), problem.is_some());
@@ -239,11 +258,15 @@ async fn workers(State(s): State<Arc<Service>>, Query(q): Query<WorkersQuery>) -
                 routing_group: "default".into(),
                 block_size: m.block_size,
                 endpoints: BTreeMap::new(),
+                urls: BTreeMap::new(),
                 listeners: BTreeMap::new(),
                 feeds: BTreeMap::new(),
             });
             let ep = w.spec.endpoint.clone().unwrap_or_default();
             info.endpoints.insert(k.dp_rank, ep.clone());
+            if let Some(u) = &w.spec.url {
+                info.urls.insert(k.dp_rank, u.clone());
+            }
             info.listeners.insert(
                 k.dp_rank,
                 Listener {
@@ -274,6 +297,8 @@ async fn workers(State(s): State<Arc<Service>>, Query(q): Query<WorkersQuery>) -
                     restarts: st.restarts.load(Relaxed),
                     healthy: problem.is_none(),
                     problem,
+                    active_requests: load.active_requests,
+                    pending_prefill_blocks: load.pending_prefill_blocks,
                 },
             );
         }
@@ -496,6 +521,7 @@ async fn route(State(s): State<Arc<Service>>, Body(r): Body<RouteReq>) -> Respon
     let opts = crate::service::RouteOptions {
         policy,
         now_us: r.now_us,
+        ..Default::default()
     };
     match s.route(&r.model_name, &p, r.request_id, opts) {
         Ok(d) => Json(d).into_response(),

@@ -16,6 +16,7 @@
 pub mod approx;
 pub mod config;
 pub mod convert;
+pub mod gateway;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
@@ -34,8 +35,9 @@ use std::time::Duration;
 pub use config::{RouterArgs, WorkerArg};
 pub use service::{Service, ServiceError};
 
-/// Serves the router on `listener` until `shutdown` resolves, then drains
-/// requests in flight and stops the ingest threads.
+/// Serves the router on `listener` (with the gateway's routes if
+/// `--gateway`) until `shutdown` resolves, then drains requests in flight
+/// and stops the ingest threads.
 pub async fn serve(
     args: RouterArgs,
     listener: tokio::net::TcpListener,
@@ -64,12 +66,33 @@ pub async fn serve(
             }
         })
     };
-    let app = http::router(Arc::clone(&svc), handle);
-    tracing::info!(addr = %listener.local_addr()?, "kvrouter listening");
+    let mut app = http::router(Arc::clone(&svc), handle);
+    let gw = if args.gateway {
+        Some(gateway::Gateway::new(Arc::clone(&svc)).await?)
+    } else {
+        None
+    };
+    let health = gw.as_ref().and_then(|g| {
+        app = std::mem::take(&mut app).merge(gateway::routes(Arc::clone(g)));
+        g.spawn_health()
+    });
+    tracing::info!(addr = %listener.local_addr()?, gateway = args.gateway, "kvrouter listening");
+    // The gateway drains first (new requests 503, streams in flight
+    // finish), then the server stops taking connections.
+    let drain = gw.clone();
+    let shutdown = async move {
+        shutdown.await;
+        if let Some(g) = drain {
+            g.drain().await;
+        }
+    };
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;
     ticker.abort();
+    if let Some(h) = health {
+        h.abort();
+    }
     // Nothing is applied after the ingest threads stop, so the last
     // snapshot holds exactly the seqs it records.
     tokio::task::spawn_blocking(move || {

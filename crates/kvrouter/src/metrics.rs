@@ -44,6 +44,7 @@ pub fn handle() -> PrometheusHandle {
 
 /// Sets the scrape-time gauges.
 pub fn refresh(s: &Service) {
+    s.run_scrape_hooks();
     let now = unix_now();
     for m in s.models.all() {
         let model = m.name.clone();

@@ -31,6 +31,9 @@ pub struct WorkerSpec {
     pub endpoint: Option<String>,
     /// Its replay endpoint, if it has one.
     pub replay_endpoint: Option<String>,
+    /// The engine's HTTP base URL (`http://HOST:PORT`, no trailing slash):
+    /// where the gateway sends the requests routed to it.
+    pub url: Option<String>,
 }
 
 /// Where a worker's event stream stands.

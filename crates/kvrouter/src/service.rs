@@ -63,7 +63,7 @@ pub enum Prompt {
 }
 
 /// Per-request routing options.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RouteOptions {
     /// The policy, instead of the router's `--policy`.
     pub policy: Option<PolicyKind>,
@@ -72,6 +72,9 @@ pub struct RouteOptions {
     /// (the policies' decay and the request's time to live follow it, and
     /// nothing expires on the router's clock).
     pub now_us: Option<u64>,
+    /// Workers not to choose (the gateway's failed attempts, sick engines,
+    /// open breakers): scoring and the policy run over the others.
+    pub exclude: Vec<WorkerKey>,
 }
 
 /// One worker's numbers behind a routing decision.
@@ -124,7 +127,11 @@ pub struct Service {
     ingest: Ingest,
     start: Instant,
     next_request: std::sync::atomic::AtomicU64,
+    scrape_hooks: parking_lot::Mutex<Vec<ScrapeHook>>,
 }
+
+/// Sets gauges of a part outside the service (the gateway) at scrape time.
+pub type ScrapeHook = Box<dyn Fn() + Send + Sync>;
 
 impl Service {
     /// Starts the ingest threads and registers the workers given in `args`.
@@ -151,6 +158,7 @@ impl Service {
             models,
             start: Instant::now(),
             next_request: std::sync::atomic::AtomicU64::new(0),
+            scrape_hooks: parking_lot::Mutex::new(Vec::new()),
             args,
         });
         // Workers from the flags and the file, first: a worker the
@@ -192,8 +200,9 @@ impl Service {
                 key: WorkerKey::new(w.id, w.dp_rank),
                 model: a.model.clone(),
                 block_size: a.block_size,
-                endpoint: Some(w.endpoint.clone()),
+                endpoint: w.endpoint.clone(),
                 replay_endpoint: w.replay.clone(),
+                url: w.url.clone(),
             })
             .collect();
         if let Some(path) = &a.workers_file {
@@ -202,11 +211,42 @@ impl Service {
                 key: WorkerKey::new(e.instance_id, e.dp_rank),
                 model: e.model_name.unwrap_or_else(|| a.model.clone()),
                 block_size: e.block_size.unwrap_or(a.block_size),
-                endpoint: Some(e.endpoint),
+                endpoint: e.endpoint,
                 replay_endpoint: e.replay_endpoint,
+                url: e.url.map(|u| u.trim_end_matches('/').to_string()),
             }));
         }
+        for s in &out {
+            self.check_spec(s)?;
+        }
         Ok(out)
+    }
+
+    /// Refuses a new worker without an event endpoint (unless in
+    /// approximate mode) or with a url that is not `http://HOST:PORT`.
+    pub fn check_spec(&self, s: &WorkerSpec) -> Result<(), ServiceError> {
+        if s.endpoint.is_none() && !self.args.no_kv_events {
+            return Err(ServiceError::Invalid(format!(
+                "worker {} has no event endpoint (only --no-kv-events workers may leave it out)",
+                s.key.worker_id
+            )));
+        }
+        if let Some(u) = &s.url {
+            crate::config::check_url(u).map_err(ServiceError::Invalid)?;
+        }
+        Ok(())
+    }
+
+    /// Adds a hook that `/metrics` runs before rendering.
+    pub fn on_scrape(&self, hook: ScrapeHook) {
+        self.scrape_hooks.lock().push(hook);
+    }
+
+    /// Runs the scrape hooks.
+    pub fn run_scrape_hooks(&self) {
+        for h in self.scrape_hooks.lock().iter() {
+            h();
+        }
     }
 
     /// Stops applying events (the ingest threads end); for shutdown.
@@ -366,10 +406,20 @@ impl Service {
         let m = self.model(model)?;
         let locals = self.hashes(&m, p)?;
         let seqs = sequence_hashes(&locals);
-        let workers: Vec<WorkerKey> = m.workers.read().keys().copied().collect();
-        if workers.is_empty() {
+        let all: Vec<WorkerKey> = m.workers.read().keys().copied().collect();
+        if all.is_empty() {
             return Err(ServiceError::NoWorkers(model.to_string()));
         }
+        // Positions in `all` of the workers in play, then of the excluded:
+        // the routers see them in this order and choose among the first.
+        let (mut perm, out): (Vec<usize>, Vec<usize>) =
+            (0..all.len()).partition(|&i| !opts.exclude.contains(&all[i]));
+        let k = perm.len();
+        if k == 0 {
+            return Err(ServiceError::NoWorkers(model.to_string()));
+        }
+        perm.extend(out);
+        let workers: Vec<WorkerKey> = perm[..k].iter().map(|&i| all[i]).collect();
         let scores = m.index.find_matches(&locals);
         let overlaps: Vec<u32> = workers.iter().map(|&w| scores.get(w)).collect();
         let now = opts.now_us.unwrap_or_else(|| self.now_us());
@@ -387,7 +437,7 @@ impl Service {
         };
         let mut guard = m.routing.lock();
         let r = &mut *guard;
-        Model::sync_workers(r, &workers);
+        Model::sync_workers(r, &all);
         if opts.now_us.is_none() {
             r.loads.expire(now);
         }
@@ -408,7 +458,20 @@ impl Service {
         let kind = router.kind();
         let costs =
             (kind == PolicyKind::KvAware).then(|| router.kv_costs(n_blocks, &loads, &overlaps));
+        let permuted = k < all.len();
+        if permuted {
+            // Per-worker policy state follows its worker through the
+            // permutation and back: the excluded keep theirs.
+            router.reorder(&perm.iter().map(|&i| Some(i)).collect::<Vec<_>>());
+        }
         let i = router.choose(now, n_blocks, &loads, &overlaps);
+        if permuted {
+            let mut back = vec![None; all.len()];
+            for (pos, &i) in perm.iter().enumerate() {
+                back[i] = Some(pos);
+            }
+            router.reorder(&back);
+        }
         let w = workers[i];
         r.loads
             .start(&id, w, &seqs, overlaps[i], now, ttl)

@@ -40,6 +40,9 @@ pub struct WorkerRecord {
     pub replay_endpoint: Option<String>,
     /// The last seq applied.
     pub last_seq: Option<u64>,
+    /// The engine's HTTP base URL, for the gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 /// Why a snapshot could not be read.
@@ -84,6 +87,7 @@ pub fn take(svc: &Service) -> Value {
                 endpoint: w.spec.endpoint.clone(),
                 replay_endpoint: w.spec.replay_endpoint.clone(),
                 last_seq: w.status.last_seq(),
+                url: w.spec.url.clone(),
             })
             .collect();
         let events: Vec<Value> = m.index.dump().iter().map(router_event_json).collect();
@@ -278,6 +282,7 @@ pub fn restore(
                     block_size,
                     endpoint: rec.endpoint.clone(),
                     replay_endpoint: rec.replay_endpoint.clone(),
+                    url: rec.url.clone(),
                 },
             };
             let start = rec.last_seq.map_or(0, |s| s.saturating_add(1));

@@ -1,7 +1,8 @@
 //! kvrouter's integration tests in one binary (one build and link of the
-//! service they start): the HTTP API, and ingest from an independent
-//! Python publisher.
+//! service they start): the HTTP API, the OpenAI gateway against scripted
+//! engines, and ingest from an independent Python publisher.
 
+mod gateway;
 mod http;
 mod publisher;
 mod support;

@@ -190,6 +190,19 @@ impl Router {
         r
     }
 
+    /// Asks the router to shut down without waiting for it (it drains
+    /// first); dropping it then waits until it has stopped.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+
+    /// Whether the router's thread has ended.
+    pub fn stopped(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
     /// `base + path`.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
