@@ -628,3 +628,92 @@ fn reason(
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::WorkerSpec;
+
+    fn approx(n: u64, policy: PolicyKind) -> Arc<Service> {
+        let mut a = RouterArgs::defaults();
+        a.no_kv_events = true;
+        a.block_size = 4;
+        a.policy = policy;
+        let s = Service::new(a).unwrap();
+        for id in 1..=n {
+            s.register(WorkerSpec {
+                key: WorkerKey::new(id, 0),
+                model: "m".into(),
+                block_size: 4,
+                endpoint: None,
+                replay_endpoint: None,
+                url: None,
+            })
+            .unwrap();
+        }
+        s
+    }
+
+    fn tokens(i: u32) -> Prompt {
+        Prompt::Tokens {
+            token_ids: (0..16).map(|t| i * 100 + t).collect(),
+            lora_name: None,
+            cache_salt: None,
+        }
+    }
+
+    fn excluding(keys: &[u64]) -> RouteOptions {
+        RouteOptions {
+            exclude: keys.iter().map(|&k| WorkerKey::new(k, 0)).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn excluded_workers_are_not_chosen_and_keep_their_policy_state() {
+        let s = approx(3, PolicyKind::KvBalanced);
+        // Cold prompts spread by cache pressure: each worker gets one.
+        let mut first = Vec::new();
+        for i in 0..3 {
+            let d = s.route("m", &tokens(i), None, RouteOptions::default());
+            first.push(d.unwrap().worker_id);
+        }
+        first.sort_unstable();
+        assert_eq!(first, [1, 2, 3]);
+        let pressure = |s: &Service| {
+            let m = s.models.get("m").unwrap();
+            let r = m.routing.lock();
+            let now = s.now_us();
+            (0..3)
+                .map(|i| r.routers[&PolicyKind::KvBalanced].pressure(i, now))
+                .collect::<Vec<f64>>()
+        };
+        let before = pressure(&s);
+        // Worker 2 excluded: never chosen; its pressure stays its own.
+        for i in 10..16 {
+            let d = s.route("m", &tokens(i), None, excluding(&[2])).unwrap();
+            assert_ne!(d.worker_id, 2);
+            assert_eq!(d.scores.len(), 2);
+        }
+        let after = pressure(&s);
+        assert!((after[1] - before[1]).abs() < 0.01, "{before:?} {after:?}");
+        assert!(after[0] > before[0] && after[2] > before[2], "{after:?}");
+        assert!(matches!(
+            s.route("m", &tokens(1), None, excluding(&[1, 2, 3])),
+            Err(ServiceError::NoWorkers(_))
+        ));
+    }
+
+    #[test]
+    fn round_robin_skips_the_excluded() {
+        let s = approx(3, PolicyKind::RoundRobin);
+        let got: Vec<u64> = (0..4)
+            .map(|i| {
+                s.route("m", &tokens(i), None, excluding(&[2]))
+                    .unwrap()
+                    .worker_id
+            })
+            .collect();
+        assert_eq!(got, [1, 3, 1, 3]);
+    }
+}

@@ -63,6 +63,9 @@ pub struct Gateway {
     /// Set when the drain timeout passes: responses still streaming are cut.
     abort: tokio::sync::watch::Sender<bool>,
     next_id: AtomicU64,
+    /// When the gateway started (ns since the Unix epoch): request ids
+    /// (`gw-EPOCH-N`) do not collide with a `/route` client's.
+    epoch: u128,
 }
 
 impl Gateway {
@@ -105,6 +108,9 @@ impl Gateway {
             active: AtomicUsize::new(0),
             abort: tokio::sync::watch::channel(false).0,
             next_id: AtomicU64::new(0),
+            epoch: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
             svc: Arc::clone(&svc),
         });
         let weak = Arc::downgrade(&g);
@@ -123,7 +129,7 @@ impl Gateway {
 
     /// A fresh request id.
     fn request_id(&self) -> String {
-        format!("gw-{}", self.next_id.fetch_add(1, Relaxed))
+        format!("gw-{:x}-{}", self.epoch, self.next_id.fetch_add(1, Relaxed))
     }
 
     /// Whether `model` has a worker with a url (a gateway target).
