@@ -3,17 +3,19 @@
 //! `arbor kv replay` replays LLM traffic (a Mooncake trace or a built-in
 //! synthetic workload) through simulated engines under several routing
 //! policies, then stress-tests the KV index with the resulting event stream.
-//! `arbor router` runs the KV-aware router service (`kvrouter`). `arbor db`
+//! `arbor kv engine` serves a simulated inference engine (OpenAI HTTP API,
+//! vLLM's KV events; `kvreplay::server`). `arbor router` runs the KV-aware
+//! router service (`kvrouter`). `arbor db`
 //! shows, queries and watches the tables of a process serving statedb's
 //! HTTP API. The logic
 //! lives in those crates; this binary only parses flags (`arbor::ReplayArgs`,
-//! `kvrouter::RouterArgs`), draws progress bars, sets up logging and prints.
+//! `arbor::EngineArgs`, `kvrouter::RouterArgs`), draws progress bars, sets up logging and prints.
 #![deny(missing_docs, unsafe_op_in_unsafe_fn)]
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
-use arbor::ReplayArgs;
+use arbor::{EngineArgs, ReplayArgs};
 use clap::{Parser, Subcommand};
 
 #[cfg(feature = "mimalloc")]
@@ -61,12 +63,27 @@ enum KvCommand {
     /// block operations per second reached, lookup and apply latencies and
     /// memory.
     Replay(Box<ReplayArgs>),
+    /// Serve a simulated inference engine: OpenAI's /v1/completions and
+    /// /v1/chat/completions with prefix caching and a prefill/decode time
+    /// model, publishing vLLM's KV events over ZeroMQ.
+    ///
+    /// A stand-in for vLLM: start a few on loopback and point a router
+    /// (`arbor router --worker ID=EVENTS,replay=REPLAY`) at their events.
+    /// SIGTERM or Ctrl-C stops it.
+    Engine(Box<EngineArgs>),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Kv(KvCommand::Replay(args)) => match replay(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Kv(KvCommand::Engine(args)) => match engine(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e:#}");
@@ -160,6 +177,31 @@ fn router(args: kvrouter::RouterArgs) -> anyhow::Result<()> {
         kvrouter::serve(args, listener, kvrouter::shutdown_signal())
             .await
             .map_err(|e| anyhow::anyhow!("{e}"))
+    })
+}
+
+fn engine(args: &EngineArgs) -> anyhow::Result<()> {
+    let tokenizer = std::sync::Arc::new(args.load_tokenizer()?);
+    let config = args.config(tokenizer);
+    config.validate()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+        let model = config.model.clone();
+        let h = kvreplay::server::SimEngine::start(config, listener).await?;
+        eprintln!(
+            "arbor kv engine: model {model} on http://{}, events {}, replay {}",
+            h.http_addr(),
+            h.events_endpoint(),
+            h.replay_endpoint().unwrap_or("off"),
+        );
+        kvrouter::shutdown_signal().await;
+        h.shutdown().await;
+        Ok(())
     })
 }
 

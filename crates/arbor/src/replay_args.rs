@@ -16,7 +16,7 @@ use kvreplay::trace::TraceScaling;
 use kvreplay::{ReplayOptions, StressOptions, TraceSource, WorkloadSource};
 use kvrouter::config::policy_value_parser;
 
-fn positive_f64(s: &str) -> Result<f64, String> {
+pub(crate) fn positive_f64(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
     if v.is_finite() && v > 0.0 {
         Ok(v)

@@ -543,3 +543,90 @@ fn db_shows_queries_and_watches_a_running_process() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+#[test]
+fn engine_help_and_bad_flags() {
+    let out = arbor(&["kv", "engine", "--help"]);
+    let help = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for want in [
+        "--tokenizer",
+        "--events",
+        "--replay",
+        "--prefill-tps",
+        "--speedup",
+        "--fail-every",
+    ] {
+        assert!(help.contains(want), "{want} missing from\n{help}");
+    }
+    for bad in [
+        &["--block-size", "0"][..],
+        &["--speedup", "0"],
+        &["--bogus"],
+        &["--listen", "nowhere"],
+    ] {
+        let out = arbor(&[&["kv", "engine"][..], bad].concat());
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out.stderr));
+    }
+    let out = arbor(&["kv", "engine", "--tokenizer", "/nonexistent/model"]);
+    refused(&out, "--tokenizer /nonexistent/model");
+}
+
+/// The built-in tokenizer, free ports, one request, SIGTERM: a clean exit.
+#[test]
+fn engine_serves_a_completion_and_stops_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_arbor"))
+        .args([
+            "kv",
+            "engine",
+            "--listen",
+            "127.0.0.1:0",
+            "--events",
+            "tcp://127.0.0.1:*",
+            "--replay",
+            "tcp://127.0.0.1:*",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let url = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {first:?}"))
+        .trim_end_matches(',')
+        .to_string();
+    assert!(first.contains("events tcp://127.0.0.1:"), "{first}");
+    let v: serde_json::Value = reqwest::blocking::Client::new()
+        .post(format!("{url}/v1/completions"))
+        .json(&serde_json::json!({"model": "arbor-sim", "prompt": "hello there", "max_tokens": 2}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 2, "{v}");
+    assert_eq!(
+        v["usage"]["prompt_tokens"],
+        "hello there".len(),
+        "one token per byte"
+    );
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let t = std::time::Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            assert!(s.success(), "{s:?}");
+            break;
+        }
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(10),
+            "still running"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

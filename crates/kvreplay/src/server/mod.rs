@@ -109,32 +109,45 @@ impl std::fmt::Debug for SimEngineConfig {
 /// The longest prompt when neither the settings nor the tokenizer say.
 pub const DEFAULT_MAX_MODEL_LEN: usize = 8192;
 
+/// The engine of [`SimEngineConfig::new`]: 16-token blocks, 16,384 of
+/// them, prefill at 20,000 tokens/s, decode at 50 tokens/s per sequence,
+/// 64 requests running.
+pub const DEFAULT_ENGINE: EngineConfig = EngineConfig {
+    capacity_blocks: 16_384,
+    block_size: 16,
+    prefill_tps: 20_000.0,
+    decode_tps: 50.0,
+    max_running: 64,
+};
+
+/// Batches kept for replay by default.
+pub const DEFAULT_REPLAY_BUFFER: usize = 10_000;
+
+/// Most tokens one request generates by default.
+pub const DEFAULT_MAX_TOKENS_CAP: u32 = 4096;
+
+/// Largest request body by default, bytes.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
+
 impl SimEngineConfig {
-    /// Defaults: engine 0; 16-token blocks, 16,384 of them, prefill at
-    /// 20,000 tokens/s, decode at 50 tokens/s per sequence, 64 running;
-    /// real time; events on a free loopback port, no replay socket (10,000
-    /// batches kept if one is set); at most 4096 generated tokens; 8 MiB
-    /// bodies; no injected failures.
+    /// Defaults: engine 0 as [`DEFAULT_ENGINE`]; real time; events on a
+    /// free loopback port, no replay socket (10,000 batches kept if one is
+    /// set); at most 4096 generated tokens; 8 MiB bodies; no injected
+    /// failures.
     pub fn new(model: impl Into<String>, tokenizer: Arc<ModelTokenizer>) -> Self {
         Self {
             model: model.into(),
             tokenizer,
             engine_id: 0,
-            engine: EngineConfig {
-                capacity_blocks: 16_384,
-                block_size: 16,
-                prefill_tps: 20_000.0,
-                decode_tps: 50.0,
-                max_running: 64,
-            },
+            engine: DEFAULT_ENGINE,
             speedup: 1.0,
             events: "tcp://127.0.0.1:*".into(),
             replay: None,
-            replay_buffer: 10_000,
+            replay_buffer: DEFAULT_REPLAY_BUFFER,
             topic: String::new(),
-            max_tokens: 4096,
+            max_tokens: DEFAULT_MAX_TOKENS_CAP,
             max_model_len: None,
-            max_body_bytes: 8 << 20,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             fail_every: None,
         }
     }
