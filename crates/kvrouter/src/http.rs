@@ -6,6 +6,8 @@
 //! `GET /health`. Ours: `POST /route`, `POST /prefill_complete` (first
 //! token out: its blocks stop counting as pending prefill), `POST
 //! /complete`, `GET /ready`, `GET /metrics`. Every error is JSON `{"error": "..."}`.
+//! With `--gateway`, [`crate::gateway::routes`] are merged in (OpenAI's
+//! routes and error shape).
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
