@@ -408,6 +408,7 @@ fn streams_are_relayed_as_they_come_and_accounted_from_route_to_end() {
     let url = r.url("/v1/completions");
     // 1 + 39 tokens: 10 blocks to prefill.
     let body = json!({"model": "m", "prompt": words(100, 39), "stream": true});
+    let st = Arc::clone(&e.st);
     let client_thread = std::thread::spawn(move || {
         let t = Instant::now();
         let mut resp = client().post(url).json(&body).send().unwrap();
@@ -416,6 +417,8 @@ fn streams_are_relayed_as_they_come_and_accounted_from_route_to_end() {
         let mut buf = vec![0u8; 1 << 16];
         let n = resp.read(&mut buf).unwrap();
         let first_at = t.elapsed();
+        // The first chunk is here while the engine is still generating.
+        assert_eq!(st.seen.finished.load(SeqCst), 0, "buffered to the end");
         let mut all = buf[..n].to_vec();
         resp.read_to_end(&mut all).unwrap();
         (first_at, all, t.elapsed())
@@ -433,7 +436,7 @@ fn streams_are_relayed_as_they_come_and_accounted_from_route_to_end() {
     let (first_at, all, total) = client_thread.join().unwrap();
     assert_eq!(String::from_utf8(all).unwrap(), sse(6));
     assert!(
-        first_at < Duration::from_millis(1200) && total >= Duration::from_millis(1700),
+        total >= first_at + Duration::from_millis(1200),
         "the first chunk came at {first_at:?}, the end at {total:?}: buffered?"
     );
     wait_until("the request completed", Duration::from_secs(2), || {
@@ -594,7 +597,7 @@ fn the_breaker_opens_after_failures_and_half_opens_after_the_cooldown() {
     let mut a = gw_args(&tok);
     a.max_retries = 0;
     a.breaker_failures = 2;
-    a.breaker_cooldown = Duration::from_millis(800);
+    a.breaker_cooldown = Duration::from_millis(1500);
     let r = Router::start(a);
     register(&r, 1, &e.url);
     let req = || completion(&r, &json!({"model": "m", "prompt": "t1 t2 t3"}));
@@ -611,14 +614,14 @@ fn the_breaker_opens_after_failures_and_half_opens_after_the_cooldown() {
     assert_eq!(e.requests(), 2);
     assert_eq!(metric(&r, &gauge), Some(1.0));
     // Half open after the cooldown: one trial, which fails: open again.
-    std::thread::sleep(Duration::from_millis(900));
+    std::thread::sleep(Duration::from_millis(1600));
     assert_eq!(req().0, 500);
     assert_eq!(e.requests(), 3);
     openai_error(req(), 503, "service_unavailable");
     assert_eq!(e.requests(), 3);
     // The next trial succeeds: closed.
     e.set(Mode::Json);
-    std::thread::sleep(Duration::from_millis(900));
+    std::thread::sleep(Duration::from_millis(1600));
     assert_eq!(req().0, 200);
     assert_eq!(metric(&r, &gauge), Some(0.0));
     assert_eq!(req().0, 200);
@@ -747,7 +750,7 @@ fn the_concurrency_limit_queues_then_refuses_with_429() {
         e.requests() == 1
     });
     let queued = spawn(url.clone());
-    std::thread::sleep(Duration::from_millis(200));
+    std::thread::sleep(Duration::from_millis(300));
     assert_eq!(e.requests(), 1, "the second request did not wait");
     // A third finds the slot and the queue full: refused at once.
     let t = Instant::now();
@@ -756,7 +759,7 @@ fn the_concurrency_limit_queues_then_refuses_with_429() {
         .json(&json!({"model": "m", "prompt": "t1"}))
         .send()
         .unwrap();
-    assert!(t.elapsed() < Duration::from_millis(500));
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     assert_eq!(resp.status(), 429);
     assert_eq!(resp.headers()["retry-after"], "1");
     openai_error((429, resp.json().unwrap()), 429, "rate_limit_exceeded");
