@@ -185,8 +185,14 @@ enum Failure {
         content_type: Option<HeaderValue>,
         body: Bytes,
     },
-    /// No connection, or the response broke before its first byte.
-    Transport(String),
+    /// No connection (`connect`), or the response broke before its
+    /// first byte.
+    Transport {
+        /// What happened.
+        msg: String,
+        /// Whether connecting failed (503) rather than the response (502).
+        connect: bool,
+    },
 }
 
 /// `POST /v1/completions`.
@@ -414,7 +420,10 @@ async fn forward(
             }
             Ok(Err(e)) => {
                 att.finish(Verdict::Bad);
-                last = Some(Failure::Transport(format!("{url}: {e}")));
+                last = Some(Failure::Transport {
+                    msg: format!("{url}: {e}"),
+                    connect: e.is_connect(),
+                });
                 if attempts > a.max_retries {
                     break;
                 }
@@ -459,7 +468,10 @@ async fn forward(
             }
             Ok(Some(Err(e))) => {
                 att.finish(Verdict::Bad);
-                last = Some(Failure::Transport(format!("{url}: {e}")));
+                last = Some(Failure::Transport {
+                    msg: format!("{url}: {e}"),
+                    connect: false,
+                });
                 if attempts > a.max_retries {
                     break;
                 }
@@ -523,8 +535,11 @@ async fn forward(
                 .body(Body::from(body))
                 .unwrap_or_else(|e| GatewayError::Internal(e.to_string()).into_response());
         }
-        Some(Failure::Transport(m)) => {
-            GatewayError::Unavailable(format!("no engine could be reached; last: {m}"))
+        Some(Failure::Transport { msg, connect: true }) => {
+            GatewayError::Unavailable(format!("no engine could be reached; last: {msg}"))
+        }
+        Some(Failure::Transport { msg, .. }) => {
+            GatewayError::BadGateway(format!("no engine answered whole; last: {msg}"))
         }
         None => GatewayError::Unavailable(format!(
             "no healthy engine for model `{model}` (health checks, circuit breakers)"

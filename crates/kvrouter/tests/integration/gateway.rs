@@ -548,6 +548,34 @@ fn retries_are_bounded_and_the_last_engine_error_goes_back() {
     for id in 1..=3 {
         assert_eq!(in_flight(&r, id), (0, 0));
     }
+    // Engines whose responses break before their first byte: 502.
+    let broken = Engine::start(Mode::BreakAfter {
+        n: 0,
+        gap: Duration::from_millis(10),
+    });
+    let mut a = gw_args(&tok);
+    a.max_retries = 0;
+    let r = Router::start(a);
+    register(&r, 1, &broken.url);
+    openai_error(
+        completion(&r, &json!({"model": "m", "prompt": "t1"})),
+        502,
+        "bad_gateway",
+    );
+    // An engine's 4xx is the client's answer: passed on, no failover.
+    let e400 = Engine::start(Mode::Status(400));
+    let ok = Engine::start(Mode::Json);
+    let mut a = gw_args(&tok);
+    a.policy = kvroute::PolicyKind::RoundRobin;
+    let r = Router::start(a);
+    register(&r, 1, &e400.url);
+    register(&r, 2, &ok.url);
+    let (s, v) = completion(&r, &json!({"model": "m", "prompt": "t1"}));
+    assert_eq!(
+        (s, &v["error"]["message"]),
+        (400, &json!("engine says 400"))
+    );
+    assert_eq!((e400.requests(), ok.requests()), (1, 0));
 }
 
 #[test]
