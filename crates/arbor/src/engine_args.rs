@@ -88,12 +88,12 @@ pub struct EngineArgs {
 
     /// Most tokens a request generates (`max_tokens` above it is capped;
     /// 16 when a request does not say).
-    #[arg(long, default_value_t = DEFAULT_MAX_TOKENS_CAP, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), help_heading = "Requests")]
+    #[arg(long, default_value_t = DEFAULT_MAX_TOKENS_CAP, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(kvreplay::server::MAX_TOKENS_LIMIT)), help_heading = "Requests")]
     pub max_tokens: u32,
 
     /// Longest prompt, tokens (400 above it). Default: the tokenizer's
     /// `model_max_length`, else 8192.
-    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..), help_heading = "Requests")]
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..=1 << 24), help_heading = "Requests")]
     pub max_model_len: Option<u64>,
 
     /// Largest request body, bytes (413 above it).

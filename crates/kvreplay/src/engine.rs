@@ -471,6 +471,18 @@ impl Engine {
         true
     }
 
+    /// Drops every cached block (vLLM's prefix-cache reset), publishing
+    /// `Cleared`. Refused (false) while a request is admitted, as vLLM
+    /// refuses while blocks are in use.
+    pub fn reset_cache(&mut self, now_us: u64, events: &mut Vec<(u64, KvEvent)>) -> bool {
+        if !self.running.is_empty() {
+            return false;
+        }
+        self.pool = BlockPool::new(self.pool.capacity());
+        self.event(now_us, KvEventData::Cleared, events);
+        true
+    }
+
     /// Whether a request is admitted and not yet finished.
     pub fn is_running(&self, id: usize) -> bool {
         self.running.contains_key(&id)
@@ -697,5 +709,40 @@ mod tests {
         let next = eng.schedule(1_000_000, &mut ev);
         assert_eq!(next.iter().map(|a| a.id).collect::<Vec<_>>(), vec![2]);
         assert_eq!(eng.pending_prefill_blocks(1_010_000), 0);
+    }
+
+    /// A reset waits for running requests, then empties the pool with one
+    /// `Cleared`; the same prompt misses afterwards.
+    #[test]
+    fn reset_cache_clears_an_idle_pool() {
+        let cfg = EngineConfig {
+            capacity_blocks: 10,
+            block_size: 10,
+            prefill_tps: 1000.0,
+            decode_tps: 100.0,
+            max_running: 4,
+        };
+        let mut eng = Engine::new(w(2), cfg);
+        let req = |id| EngineRequest {
+            id,
+            arrival_us: 0,
+            input_tokens: 30,
+            output_tokens: 1,
+            locals: prompt(&[1, 2, 3]).0,
+            exts: external_hashes(w(2), &[1, 2, 3]),
+        };
+        let mut ev = Vec::new();
+        eng.enqueue(req(0));
+        assert_eq!(eng.schedule(0, &mut ev)[0].hit_blocks, 0);
+        assert!(!eng.reset_cache(1, &mut ev), "blocks in use");
+        eng.finish(0);
+        ev.clear();
+        assert!(eng.reset_cache(2, &mut ev));
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].1.data, KvEventData::Cleared);
+        assert!(eng.pool().is_empty());
+        eng.enqueue(req(1));
+        assert_eq!(eng.schedule(3, &mut ev)[0].hit_blocks, 0);
+        assert_eq!(eng.pool().len(), 3);
     }
 }

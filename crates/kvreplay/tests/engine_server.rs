@@ -368,6 +368,23 @@ async fn streams_one_chunk_per_token_at_the_decode_pace() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn speedup_divides_every_duration() {
+    // 10 tokens at 10 tokens/s: 1 s of decode, 50 ms at 20x.
+    let f = start(|c| {
+        c.engine.decode_tps = 10.0;
+        c.speedup = 20.0;
+    })
+    .await;
+    let t = Instant::now();
+    f.ok("/v1/completions", &completion(&words(0, 20), 10))
+        .await;
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(45), "{took:?}");
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    f.engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn seqs_are_consecutive_and_replay_resends_the_ring() {
     let f = start(|c| c.replay_buffer = 3).await;
     let sub = f.subscribe();
@@ -438,6 +455,14 @@ async fn a_full_pool_evicts_and_publishes_removed() {
     assert_eq!(cached(&v), 64);
     let v = f.ok("/v1/completions", &completion(&words(0, 63), 1)).await;
     assert_eq!(cached(&v), 0);
+    assert_eq!(stored(&sub.next().batch)[0].0, hashes[0], "stored again");
+
+    // A reset drops everything with one AllBlocksCleared.
+    let r = f.http.post(f.url("/reset_prefix_cache")).send().await;
+    assert_eq!(r.unwrap().status(), 200);
+    assert_eq!(sub.next().batch.events, vec![WireEvent::Cleared]);
+    let v = f.ok("/v1/completions", &completion(&words(0, 63), 1)).await;
+    assert_eq!(cached(&v), 0);
     f.engine.shutdown().await;
 }
 
@@ -458,6 +483,9 @@ async fn a_client_that_leaves_frees_its_request() {
     assert!(r.chunk().await.unwrap().is_some(), "the first token");
     let a = stored(&sub.next().batch);
     assert_eq!(a[0].0.len(), 8);
+    assert!(!f.engine.reset_prefix_cache(), "blocks in use");
+    let busy = f.http.post(f.url("/reset_prefix_cache")).send().await;
+    error(busy.unwrap(), 409).await;
 
     // Queued behind it; its client gives up while it waits.
     let waiting = f
@@ -721,6 +749,15 @@ async fn a_router_fed_by_the_engine_scores_what_it_cached() {
     // The engine agrees: the last two hit, in full.
     for (p, w) in prompts.iter().zip(expected).skip(1).rev() {
         assert_eq!(cached(&f.ok("/v1/completions", p).await), w);
+    }
+    // A reset empties the router's view of the engine too.
+    assert!(f.engine.reset_prefix_cache());
+    let t = Instant::now();
+    for toks in &want {
+        while score(toks.clone()).await != 0 {
+            assert!(t.elapsed() < Duration::from_secs(10), "not cleared");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
     let _ = stop.send(());
     served.await.unwrap().unwrap();

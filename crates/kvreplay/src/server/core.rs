@@ -39,7 +39,12 @@ impl Clock {
 
     /// The wall instant of simulated time `us`.
     pub(crate) fn instant_at(&self, us: u64) -> Instant {
-        self.start + Duration::from_secs_f64(us as f64 / 1e6 / self.speedup)
+        // Past what an Instant holds: a year from start, never reached.
+        let far = || self.start + Duration::from_secs(365 * 86_400);
+        Duration::try_from_secs_f64(us as f64 / 1e6 / self.speedup)
+            .ok()
+            .and_then(|d| self.start.checked_add(d))
+            .unwrap_or_else(far)
     }
 }
 
@@ -170,22 +175,37 @@ impl Core {
         self.schedule();
     }
 
+    /// Drops the whole cache (one `AllBlocksCleared` batch); refused while
+    /// a request runs.
+    pub(crate) fn reset(&mut self) -> bool {
+        let mut events = Vec::new();
+        let done = self.engine.reset_cache(self.clock.now_us(), &mut events);
+        self.publish(&events, &[]);
+        done
+    }
+
+    /// Publishes a step's events as one batch, if there are any.
+    fn publish(&mut self, events: &[(u64, KvEvent)], admitted: &[Admitted]) {
+        if events.is_empty() {
+            return;
+        }
+        let wire: Vec<WireEvent> = events
+            .iter()
+            .map(|(_, ev)| self.wire_event(ev, admitted))
+            .collect();
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.events.send(encode_batch(ts, &wire, None));
+        self.counters.batches += 1;
+    }
+
     /// Admits what the engine can, publishes the step's events as one
     /// batch and tells the admitted requests their times.
     fn schedule(&mut self) {
         let mut events = Vec::new();
         let admitted = self.engine.schedule(self.clock.now_us(), &mut events);
-        if !events.is_empty() {
-            let wire: Vec<WireEvent> = events
-                .iter()
-                .map(|(_, ev)| self.wire_event(ev, &admitted))
-                .collect();
-            let ts = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64());
-            self.events.send(encode_batch(ts, &wire, None));
-            self.counters.batches += 1;
-        }
+        self.publish(&events, &admitted);
         for a in admitted {
             let Some(w) = self.waiting.remove(&a.id) else {
                 continue;
@@ -213,10 +233,11 @@ impl Core {
                     .iter()
                     .filter_map(|a| self.waiting.get(&a.id).map(|w| (a, w)))
                     .find(|(a, w)| w.exts.get(a.hit_blocks).copied() == first)
-                    .map(|(a, w)| {
+                    .and_then(|(a, w)| {
                         let from = a.hit_blocks * bs;
-                        w.tokens[from..from + blocks.len() * bs].to_vec()
+                        w.tokens.get(from..from + blocks.len() * bs)
                     })
+                    .map(<[u32]>::to_vec)
                     .unwrap_or_default();
                 WireEvent::Stored {
                     block_hashes: blocks.iter().map(|b| b.external.0).collect(),
@@ -248,7 +269,10 @@ impl Core {
     /// Requests running and waiting.
     pub(crate) fn load(&self) -> (usize, usize) {
         let waiting = self.waiting.len();
-        (self.engine.active_requests() - waiting, waiting)
+        (
+            self.engine.active_requests().saturating_sub(waiting),
+            waiting,
+        )
     }
 
     /// Blocks cached and the pool's capacity.

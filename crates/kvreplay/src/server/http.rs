@@ -1,6 +1,6 @@
 //! The HTTP routes: `POST /v1/completions`, `POST /v1/chat/completions`
 //! (streamed as server-sent events or answered whole), `GET /v1/models`,
-//! `GET /health`, `GET /metrics`.
+//! `GET /health`, `GET /metrics`, `POST /reset_prefix_cache`.
 //!
 //! A generation request is tokenized, queued on the engine and held until
 //! the time model says its first token is due: a streamed response's first
@@ -52,6 +52,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
         // The body limit is ours (413 in OpenAI's shape), not axum's.
         .layer(DefaultBodyLimit::disable())
@@ -105,6 +106,20 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
         c.prompt_tokens, c.cached_tokens, c.finished, c.cancelled, c.batches,
     );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// vLLM's prefix-cache reset: 200 when the cache was dropped, 409 while
+/// requests run.
+async fn reset_prefix_cache(State(s): State<Arc<AppState>>) -> Response {
+    if lock(&s.core).reset() {
+        StatusCode::OK.into_response()
+    } else {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "requests are running: the cache is in use",
+        )
+        .into_response()
+    }
 }
 
 async fn completions(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) -> Response {

@@ -126,6 +126,12 @@ pub const DEFAULT_REPLAY_BUFFER: usize = 10_000;
 /// Most tokens one request generates by default.
 pub const DEFAULT_MAX_TOKENS_CAP: u32 = 4096;
 
+/// The largest `max_tokens` cap [`SimEngineConfig::validate`] accepts.
+pub const MAX_TOKENS_LIMIT: u32 = 1_000_000;
+
+/// The largest `max_model_len` [`SimEngineConfig::validate`] accepts.
+pub const MAX_MODEL_LEN_LIMIT: usize = 1 << 24;
+
 /// Largest request body by default, bytes.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 
@@ -152,19 +158,32 @@ impl SimEngineConfig {
         }
     }
 
-    /// Checks the ranges.
+    /// Checks the ranges. The bounds keep the time model's microseconds
+    /// far from overflowing and a request's generated text in memory.
     pub fn validate(&self) -> Result<(), ServerError> {
         let e = &self.engine;
         let bad = |m: &str| Err(ServerError::Config(m.into()));
-        let positive = |x: f64| x.is_finite() && x > 0.0;
+        let within = |x: f64, lo: f64, hi: f64| x.is_finite() && (lo..=hi).contains(&x);
         if e.block_size == 0 || e.capacity_blocks == 0 || e.max_running == 0 {
             return bad("block size, capacity and max running must be at least 1");
         }
-        if !positive(e.prefill_tps) || !positive(e.decode_tps) || !positive(self.speedup) {
-            return bad("prefill and decode speeds and the speedup must be positive numbers");
+        if !within(e.prefill_tps, 0.01, 1e12) || !within(e.decode_tps, 0.01, 1e12) {
+            return bad("prefill and decode speeds must be between 0.01 and 1e12 tokens/s");
         }
-        if self.max_tokens == 0 || self.max_model_len == Some(0) || self.fail_every == Some(0) {
-            return bad("max tokens, max model length and fail-every must be at least 1");
+        if !within(self.speedup, 1e-3, 1e6) {
+            return bad("the speedup must be between 0.001 and 1e6");
+        }
+        if !(1..=MAX_TOKENS_LIMIT).contains(&self.max_tokens) {
+            return bad("max tokens must be between 1 and 1,000,000");
+        }
+        if self
+            .max_model_len
+            .is_some_and(|n| !(1..=MAX_MODEL_LEN_LIMIT).contains(&n))
+        {
+            return bad("max model length must be between 1 and 2^24 tokens");
+        }
+        if self.fail_every == Some(0) {
+            return bad("fail-every must be at least 1");
         }
         Ok(())
     }
@@ -246,9 +265,10 @@ impl SimEngine {
         let max_model_len = config
             .max_model_len
             .or_else(|| config.tokenizer.max_context())
-            .unwrap_or(DEFAULT_MAX_MODEL_LEN);
+            .unwrap_or(DEFAULT_MAX_MODEL_LEN)
+            .min(MAX_MODEL_LEN_LIMIT);
         let state = Arc::new(http::AppState {
-            core,
+            core: Arc::clone(&core),
             tokenizer: config.tokenizer,
             limits: openai::Limits {
                 model: config.model,
@@ -276,6 +296,7 @@ impl SimEngine {
             events_endpoint: publisher.events_endpoint.clone(),
             replay_endpoint: publisher.replay_endpoint.clone(),
             faults,
+            core,
             stop: stop_tx,
             server: Some(server),
             publisher: Some(publisher),
@@ -290,6 +311,7 @@ pub struct SimEngineHandle {
     events_endpoint: String,
     replay_endpoint: Option<String>,
     faults: Arc<Faults>,
+    core: core::SharedCore,
     stop: watch::Sender<bool>,
     server: Option<JoinHandle<std::io::Result<()>>>,
     publisher: Option<publish::Publisher>,
@@ -330,6 +352,13 @@ impl SimEngineHandle {
     /// ([`Fault::None`] heals).
     pub fn set_fault(&self, fault: Fault) {
         self.faults.set(fault);
+    }
+
+    /// Drops the whole prefix cache, publishing `AllBlocksCleared`
+    /// (`POST /reset_prefix_cache` does the same). Refused (false) while
+    /// requests run.
+    pub fn reset_prefix_cache(&self) -> bool {
+        core::lock(&self.core).reset()
     }
 
     /// Stops serving: requests in flight end at once (streams cut short,
