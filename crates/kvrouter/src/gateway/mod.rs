@@ -113,6 +113,15 @@ impl Gateway {
                 .map_or(0, |d| d.as_nanos()),
             svc: Arc::clone(&svc),
         });
+        if g.tokenizers.is_empty() {
+            tracing::warn!("--gateway without --tokenizer: every request will be refused (404)");
+        }
+        tracing::info!(
+            models = ?g.tokenizers.keys().collect::<Vec<_>>(),
+            max_concurrent = a.max_concurrent_requests,
+            max_retries = a.max_retries,
+            "gateway ready"
+        );
         let weak = Arc::downgrade(&g);
         svc.on_scrape(Box::new(move || {
             if let Some(g) = weak.upgrade() {
