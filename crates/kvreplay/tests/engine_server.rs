@@ -483,6 +483,7 @@ async fn a_client_that_leaves_frees_its_request() {
     assert!(r.chunk().await.unwrap().is_some(), "the first token");
     let a = stored(&sub.next().batch);
     assert_eq!(a[0].0.len(), 8);
+    assert_eq!(f.metric("vllm:kv_cache_usage_perc").await, 1.0);
     assert!(!f.engine.reset_prefix_cache(), "blocks in use");
     let busy = f.http.post(f.url("/reset_prefix_cache")).send().await;
     error(busy.unwrap(), 409).await;
@@ -686,6 +687,13 @@ async fn a_router_fed_by_the_engine_scores_what_it_cached() {
         c.engine.capacity_blocks = 8;
     })
     .await;
+    // Three four-block prompts into an eight-block pool: the third evicts
+    // the first. The router subscribes after the first two: the third's
+    // seq shows it the gap, and it replays the first two batches.
+    let prompts: Vec<Value> = (0..3).map(|i| completion(&words(i * 100, 63), 1)).collect();
+    for p in &prompts[..2] {
+        f.ok("/v1/completions", p).await;
+    }
     let mut args = kvrouter::RouterArgs::defaults();
     args.model = MODEL.into();
     args.block_size = BS as u64;
@@ -701,16 +709,9 @@ async fn a_router_fed_by_the_engine_scores_what_it_cached() {
     let served = tokio::spawn(kvrouter::serve(args, listener, async {
         let _ = stopped.await;
     }));
-    // Subscribed before anything is published (a gap after that is
-    // replayed; a subscription after the last batch would see none).
+    // Subscribed before the third batch is published.
     tokio::time::sleep(Duration::from_millis(500)).await;
-
-    // Three four-block prompts into an eight-block pool: the first is
-    // evicted. Whatever the router's subscription missed, it replays.
-    let prompts: Vec<Value> = (0..3).map(|i| completion(&words(i * 100, 63), 1)).collect();
-    for p in &prompts {
-        f.ok("/v1/completions", p).await;
-    }
+    f.ok("/v1/completions", &prompts[2]).await;
     let score = |tokens: Vec<u32>| {
         let (http, url) = (f.http.clone(), format!("{router}/query"));
         async move {
@@ -746,6 +747,18 @@ async fn a_router_fed_by_the_engine_scores_what_it_cached() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let workers: Value = f
+        .http
+        .get(format!("{router}/workers?model_name={MODEL}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let feed = &workers[0]["feeds"]["0"];
+    assert_eq!(feed["last_seq"], 2, "{workers}");
+    assert!(feed["replays"].as_u64().unwrap() >= 1, "{workers}");
     // The engine agrees: the last two hit, in full.
     for (p, w) in prompts.iter().zip(expected).skip(1).rev() {
         assert_eq!(cached(&f.ok("/v1/completions", p).await), w);

@@ -275,10 +275,11 @@ impl Core {
         )
     }
 
-    /// Blocks cached and the pool's capacity.
+    /// Blocks in use by admitted requests (cached blocks nobody uses do
+    /// not count, as in vLLM's KV-cache usage) and the pool's capacity.
     pub(crate) fn blocks(&self) -> (usize, usize) {
         let p = self.engine.pool();
-        (p.len(), p.capacity())
+        (p.len() - p.evictable(), p.capacity())
     }
 
     /// The counters.

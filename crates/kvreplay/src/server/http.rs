@@ -80,7 +80,7 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
 
 /// A few of vLLM's gauges and counters, in Prometheus' text format.
 async fn metrics(State(s): State<Arc<AppState>>) -> Response {
-    let (running, waiting, (cached, capacity), c) = {
+    let (running, waiting, (in_use, capacity), c) = {
         let core = lock(&s.core);
         let (r, w) = core.load();
         (r, w, core.blocks(), core.counters())
@@ -92,7 +92,7 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     let usage = if capacity == 0 {
         0.0
     } else {
-        cached as f64 / capacity as f64
+        in_use as f64 / capacity as f64
     };
     let text = format!(
         "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{m}}} {running}\n\
