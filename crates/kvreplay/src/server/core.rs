@@ -256,16 +256,6 @@ impl Core {
         }
     }
 
-    /// Tokens per block.
-    pub(crate) fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    /// The clock.
-    pub(crate) fn clock(&self) -> Clock {
-        self.clock
-    }
-
     /// Requests running and waiting.
     pub(crate) fn load(&self) -> (usize, usize) {
         let waiting = self.waiting.len();

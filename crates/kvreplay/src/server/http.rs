@@ -36,6 +36,10 @@ pub(crate) struct AppState {
     pub(crate) limits: Limits,
     pub(crate) max_body_bytes: usize,
     pub(crate) decode_tps: f64,
+    /// The engine's clock (fixed at start).
+    pub(crate) clock: Clock,
+    /// Tokens per block.
+    pub(crate) block_size: usize,
     pub(crate) engine_id: u64,
     pub(crate) faults: Arc<Faults>,
     /// Generation requests received, for `--fail-every`.
@@ -204,15 +208,17 @@ async fn generate(
     let tokens: Arc<[u32]> = p.tokens.into();
     let (id, admitted) = lock(&s.core).submit(Arc::clone(&tokens), p.max_tokens);
     let mut guard = RequestGuard::new(Arc::clone(&s.core), id);
-    let clock: Clock = lock(&s.core).clock();
     let shutting_down = || ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting down");
     let adm = tokio::select! {
         a = admitted => a.map_err(|_| shutting_down())?,
         () = stopped(s.stop.clone()) => return Err(shutting_down()),
     };
     let n = p.max_tokens as usize;
-    let step_us = 1e6 / s.decode_tps;
-    let due = move |i: usize| clock.instant_at(adm.first_token_us + (i as f64 * step_us) as u64);
+    let pace = Pace {
+        clock: s.clock,
+        first_us: adm.first_token_us,
+        step_us: 1e6 / s.decode_tps,
+    };
     let head = Head {
         api,
         id: format!("{}-{}-{}", api.id_prefix(), s.engine_id, guard.id()),
@@ -220,11 +226,10 @@ async fn generate(
         model: s.limits.model.clone(),
     };
     let (pieces, text) = openai::generate(&s.tokenizer, &tokens, n);
-    let block_size = lock(&s.core).block_size();
-    let usage = openai::usage(tokens.len(), n, adm.hit_blocks * block_size);
+    let usage = openai::usage(tokens.len(), n, adm.hit_blocks * s.block_size);
     if !p.stream {
         tokio::select! {
-            () = sleep_until(due(n)) => {}
+            () = sleep_until(pace.due(n)) => {}
             () = stopped(s.stop.clone()) => return Err(shutting_down()),
         }
         guard.complete();
@@ -232,7 +237,7 @@ async fn generate(
         return Ok(Json(openai::full(&head, &text, usage)).into_response());
     }
     tokio::select! {
-        () = sleep_until(due(0)) => {}
+        () = sleep_until(pace.due(0)) => {}
         () = stopped(s.stop.clone()) => return Err(shutting_down()),
     }
     let st = Streamer {
@@ -241,7 +246,7 @@ async fn generate(
         pieces,
         usage: p.include_usage.then_some(usage),
         next: 0,
-        due: Box::new(due),
+        pace,
         stop: s.stop.clone(),
     };
     let stream = futures_util::stream::unfold(st, |mut st| async move {
@@ -258,6 +263,25 @@ async fn generate(
         .into_response())
 }
 
+/// When a request's tokens are due: the first at the time model's first
+/// token, then one every `1 / decode_tps`, all in simulated µs.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    clock: Clock,
+    first_us: u64,
+    step_us: f64,
+}
+
+impl Pace {
+    /// The wall instant of token `i` (`n`: the end of a response of `n`).
+    fn due(&self, i: usize) -> Instant {
+        let us = self
+            .first_us
+            .saturating_add((i as f64 * self.step_us) as u64);
+        self.clock.instant_at(us)
+    }
+}
+
 /// A streamed response in progress: one chunk per token when it is due,
 /// then the usage chunk if asked for, then `[DONE]`.
 struct Streamer {
@@ -267,7 +291,7 @@ struct Streamer {
     usage: Option<Value>,
     /// Chunks sent so far.
     next: usize,
-    due: Box<dyn Fn(usize) -> Instant + Send + Sync>,
+    pace: Pace,
     stop: watch::Receiver<bool>,
 }
 
@@ -283,7 +307,7 @@ impl Streamer {
         if i < n {
             if i > 0 {
                 tokio::select! {
-                    () = sleep_until((self.due)(i)) => {}
+                    () = sleep_until(self.pace.due(i)) => {}
                     // Shutdown ends the stream early, without [DONE].
                     () = stopped(self.stop.clone()) => return None,
                 }

@@ -277,6 +277,8 @@ impl SimEngine {
             },
             max_body_bytes: config.max_body_bytes,
             decode_tps: config.engine.decode_tps,
+            clock,
+            block_size: config.engine.block_size,
             engine_id: config.engine_id,
             faults: Arc::clone(&faults),
             received: AtomicU64::new(0),
