@@ -319,3 +319,118 @@ pub(crate) fn generate(
     let text = pieces.concat();
     (pieces, text)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn limits() -> Limits {
+        Limits {
+            model: "m".into(),
+            max_model_len: 40,
+            max_tokens: 8,
+        }
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_map(|f| json!(f)),
+            "[a-z <|>]{0,60}".prop_map(Value::from),
+            Just(json!("m")),
+            Just(json!("user")),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::vec(
+                    (
+                        prop::sample::select(vec!["role", "content", "include_usage"]),
+                        inner
+                    ),
+                    0..3
+                )
+                .prop_map(|kv| Value::Object(
+                    kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+                )),
+            ]
+        })
+    }
+
+    fn body() -> impl Strategy<Value = Value> {
+        let keys = prop::sample::select(vec![
+            "model",
+            "prompt",
+            "messages",
+            "max_tokens",
+            "max_completion_tokens",
+            "stream",
+            "stream_options",
+            "add_special_tokens",
+        ]);
+        prop::collection::vec((keys, value()), 0..6)
+            .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect()))
+    }
+
+    proptest! {
+        /// Any body either fails with a client error or parses within the
+        /// limits; nothing panics.
+        #[test]
+        fn any_body_is_refused_or_within_limits(b in body(), chat in any::<bool>()) {
+            let tok = ModelTokenizer::builtin();
+            let api = if chat { Api::Chat } else { Api::Completions };
+            let bytes = serde_json::to_vec(&b).unwrap();
+            match parse(api, &limits(), &tok, &bytes) {
+                Ok(p) => {
+                    prop_assert!(!p.tokens.is_empty() && p.tokens.len() <= 40);
+                    prop_assert!((1..=8).contains(&p.max_tokens));
+                    let (pieces, text) = generate(&tok, &p.tokens, p.max_tokens as usize);
+                    prop_assert_eq!(pieces.len(), p.max_tokens as usize);
+                    prop_assert_eq!(pieces.concat(), text);
+                }
+                Err(e) => prop_assert!(e.status.is_client_error(), "{:?}", e),
+            }
+        }
+    }
+
+    #[test]
+    fn defaults_caps_and_model() {
+        let tok = ModelTokenizer::builtin();
+        let p = |v: Value| parse(Api::Completions, &limits(), &tok, v.to_string().as_bytes());
+        let ok = p(json!({"prompt": "hi"})).unwrap();
+        assert_eq!((ok.max_tokens, ok.stream, ok.tokens.len()), (8, false, 2));
+        let limits16 = Limits {
+            max_tokens: 100,
+            ..limits()
+        };
+        let d = parse(Api::Completions, &limits16, &tok, br#"{"prompt": "hi"}"#).unwrap();
+        assert_eq!(d.max_tokens, DEFAULT_MAX_TOKENS);
+        assert_eq!(
+            p(json!({"model": "x", "prompt": "hi"})).unwrap_err().status,
+            404
+        );
+        assert_eq!(
+            p(json!({"prompt": "x".repeat(41)})).unwrap_err().status,
+            400
+        );
+        let chat = parse(
+            Api::Chat,
+            &limits16,
+            &tok,
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50,
+                   "max_completion_tokens": 3, "stream": true,
+                   "stream_options": {"include_usage": true}})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(
+            (chat.max_tokens, chat.stream, chat.include_usage),
+            (3, true, true)
+        );
+    }
+}
