@@ -520,6 +520,10 @@ async fn a_client_that_leaves_frees_its_request() {
     want.sort_unstable();
     assert_eq!(r, want, "the abandoned prompt's blocks were evicted");
     assert_eq!(f.metric("arbor_engine_requests_cancelled_total").await, 2.0);
+    let st = f.engine.stats();
+    assert_eq!((st.received, st.finished, st.cancelled), (3, 1, 2));
+    assert_eq!((st.running, st.waiting, st.blocks_in_use), (0, 0, 0));
+    assert_eq!(st.blocks_cached, 8);
     f.engine.shutdown().await;
 }
 

@@ -272,6 +272,11 @@ impl Core {
         (p.len() - p.evictable(), p.capacity())
     }
 
+    /// Blocks in the prefix cache.
+    pub(crate) fn cached_blocks(&self) -> usize {
+        self.engine.pool().len()
+    }
+
     /// The counters.
     pub(crate) fn counters(&self) -> Counters {
         self.counters

@@ -10,7 +10,7 @@
 //! engine through its [`RequestGuard`].
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -42,8 +42,6 @@ pub(crate) struct AppState {
     pub(crate) block_size: usize,
     pub(crate) engine_id: u64,
     pub(crate) faults: Arc<Faults>,
-    /// Generation requests received, for `--fail-every`.
-    pub(crate) received: AtomicU64,
     /// Turns true at shutdown.
     pub(crate) stop: watch::Receiver<bool>,
 }
@@ -140,7 +138,7 @@ async fn chat(State(s): State<Arc<AppState>>, headers: HeaderMap, body: Body) ->
 
 /// The injected fault for this request, if any.
 async fn fault(s: &AppState) -> Result<(), ApiError> {
-    let n = s.received.fetch_add(1, Relaxed) + 1;
+    let n = s.faults.received.fetch_add(1, Relaxed) + 1;
     if let Some(every) = s.faults.fail_every {
         if n.is_multiple_of(every) {
             return Err(ApiError::new(

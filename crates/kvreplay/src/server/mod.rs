@@ -204,10 +204,12 @@ pub enum Fault {
     Hang,
 }
 
-/// The injected faults: the one set at runtime and `fail_every`.
+/// The injected faults: the one set at runtime and `fail_every`, with the
+/// count of generation requests it goes by.
 pub(crate) struct Faults {
     mode: AtomicU8,
     fail_every: Option<u64>,
+    received: AtomicU64,
 }
 
 impl Faults {
@@ -229,6 +231,31 @@ impl Faults {
         };
         self.mode.store(v, Relaxed);
     }
+}
+
+/// A snapshot of an engine's counters ([`SimEngineHandle::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Generation requests received (injected failures included).
+    pub received: u64,
+    /// Requests served to the end.
+    pub finished: u64,
+    /// Requests whose client left first (or cut short by shutdown).
+    pub cancelled: u64,
+    /// Requests admitted and not finished.
+    pub running: usize,
+    /// Requests queued for admission.
+    pub waiting: usize,
+    /// Blocks in the prefix cache.
+    pub blocks_cached: usize,
+    /// Of those, blocks admitted requests use.
+    pub blocks_in_use: usize,
+    /// Prompt tokens of admitted requests.
+    pub prompt_tokens: u64,
+    /// Of those, tokens found in the cache.
+    pub cached_tokens: u64,
+    /// Event batches published.
+    pub batches: u64,
 }
 
 /// Starts simulated engines.
@@ -261,6 +288,7 @@ impl SimEngine {
         let faults = Arc::new(Faults {
             mode: AtomicU8::new(0),
             fail_every: config.fail_every,
+            received: AtomicU64::new(0),
         });
         let max_model_len = config
             .max_model_len
@@ -281,7 +309,6 @@ impl SimEngine {
             block_size: config.engine.block_size,
             engine_id: config.engine_id,
             faults: Arc::clone(&faults),
-            received: AtomicU64::new(0),
             stop: stop_rx.clone(),
         });
         let app = http::router(state);
@@ -354,6 +381,26 @@ impl SimEngineHandle {
     /// ([`Fault::None`] heals).
     pub fn set_fault(&self, fault: Fault) {
         self.faults.set(fault);
+    }
+
+    /// What the engine has done so far.
+    pub fn stats(&self) -> EngineStats {
+        let core = core::lock(&self.core);
+        let (running, waiting) = core.load();
+        let (blocks_in_use, _) = core.blocks();
+        let c = core.counters();
+        EngineStats {
+            received: self.faults.received.load(Relaxed),
+            finished: c.finished,
+            cancelled: c.cancelled,
+            running,
+            waiting,
+            blocks_cached: core.cached_blocks(),
+            blocks_in_use,
+            prompt_tokens: c.prompt_tokens,
+            cached_tokens: c.cached_tokens,
+            batches: c.batches,
+        }
     }
 
     /// Drops the whole prefix cache, publishing `AllBlocksCleared`
