@@ -28,9 +28,23 @@ struct Fleet {
 /// `n` engines (ids 0..n) with the word-level test model, and a router
 /// with the gateway in front of them.
 async fn fleet(n: usize) -> Fleet {
+    fleet_with(n, false).await
+}
+
+/// `fleet`, with the built-in byte-level tokenizer (`--tokenizer
+/// MODEL=builtin`) if `builtin`.
+async fn fleet_with(n: usize, builtin: bool) -> Fleet {
     let dir = tempfile::tempdir().unwrap();
-    let model = test_support::tokenizer::write_model_dir(&dir.path().join("model"));
-    let tok = Arc::new(ModelTokenizer::from_dir(&model).unwrap());
+    let model = if builtin {
+        std::path::PathBuf::from("builtin")
+    } else {
+        test_support::tokenizer::write_model_dir(&dir.path().join("model"))
+    };
+    let tok = Arc::new(if builtin {
+        ModelTokenizer::builtin()
+    } else {
+        ModelTokenizer::from_dir(&model).unwrap()
+    });
     let mut engines = Vec::new();
     for i in 0..n {
         let mut cfg = SimEngineConfig::new(MODEL, Arc::clone(&tok));
@@ -369,5 +383,19 @@ async fn requests_fail_over_from_an_engine_that_refuses_them() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
     assert!(retries >= 2.0, "retries {retries}");
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_builtin_tokenizer_needs_no_files() {
+    let f = fleet_with(2, true).await;
+    let body = json!({"model": MODEL, "prompt": "x".repeat(100), "max_tokens": 2});
+    let toks = f.tok.prompt_tokens(Endpoint::Completions, &body).unwrap();
+    assert_eq!(toks.len(), 100, "one token per byte");
+    let (home, hit) = f.ok("/v1/completions", &body).await;
+    assert_eq!(hit, 0);
+    f.wait_overlap(home, &toks, (100 / BS) as u64).await;
+    let (again, hit) = f.ok("/v1/completions", &body).await;
+    assert_eq!((again, hit), (home, (100 / BS * BS) as u64));
     f.stop().await;
 }

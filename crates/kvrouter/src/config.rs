@@ -240,7 +240,9 @@ pub struct RouterArgs {
     #[arg(long)]
     pub gateway: bool,
     /// The tokenizer of a model for the gateway: MODEL=DIR, DIR holding
-    /// `tokenizer.json` and `tokenizer_config.json`. Repeatable.
+    /// `tokenizer.json` and `tokenizer_config.json` (`MODEL=builtin`: the
+    /// built-in byte-level one, as `arbor kv engine` uses by default).
+    /// Repeatable.
     #[arg(long = "tokenizer", value_name = "MODEL=DIR")]
     pub tokenizers: Vec<TokenizerArg>,
     /// Longest prompt the gateway forwards, tokens (400 above it; default:

@@ -192,7 +192,7 @@ impl ModelTokenizer {
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
         let enc = self
             .tokenizer
-            .encode(text, add_special_tokens)
+            .encode_fast(text, add_special_tokens)
             .map_err(|e| TokenizeError::Internal(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
