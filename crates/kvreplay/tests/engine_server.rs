@@ -780,3 +780,31 @@ async fn a_router_fed_by_the_engine_scores_what_it_cached() {
     served.await.unwrap().unwrap();
     f.engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn render_gives_the_tokens_a_request_would_be_served_on() {
+    let f = start(|_| {}).await;
+    let body = completion(&words(5, 40), 4);
+    let v = f.ok("/v1/completions/render", &body).await;
+    assert_eq!(
+        v[0]["token_ids"],
+        json!(f.tokens(Endpoint::Completions, &body))
+    );
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": words(9, 20)}]});
+    let v = f.ok("/v1/chat/completions/render", &chat).await;
+    assert_eq!(
+        v["token_ids"],
+        json!(f.tokens(Endpoint::ChatCompletions, &chat))
+    );
+    // Nothing was generated or cached.
+    assert_eq!(f.engine.stats().received, 0);
+    assert_eq!(f.engine.stats().blocks_cached, 0);
+    let r = f
+        .post(
+            "/v1/completions/render",
+            &json!({"model": "other", "prompt": "t1"}),
+        )
+        .await;
+    assert_eq!(r.status(), 404);
+    f.engine.shutdown().await;
+}

@@ -10,7 +10,7 @@
 //! engine through its [`RequestGuard`].
 
 use std::convert::Infallible;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -42,6 +42,8 @@ pub(crate) struct AppState {
     pub(crate) block_size: usize,
     pub(crate) engine_id: u64,
     pub(crate) faults: Arc<Faults>,
+    /// Render requests answered (names their ids).
+    pub(crate) rendered: AtomicU64,
     /// Turns true at shutdown.
     pub(crate) stop: watch::Receiver<bool>,
 }
@@ -51,6 +53,8 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions/render", post(render_completion))
+        .route("/v1/chat/completions/render", post(render_chat))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
@@ -192,6 +196,40 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
 
 fn sleep_until(t: Instant) -> tokio::time::Sleep {
     tokio::time::sleep_until(tokio::time::Instant::from_std(t))
+}
+
+/// vLLM's render API: the token ids a completion (a list, one per
+/// prompt; the simulated engine takes one) or a chat would be served on,
+/// without generating. Routers that route on tokens (vLLM's router under
+/// its `kv_aware` policy) ask the engine this first.
+async fn render_completion(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let rendered = render(&s, Api::Completions, &headers, body).await?;
+    Ok(Json(json!([rendered])).into_response())
+}
+
+/// vLLM's render API for a chat: one object.
+async fn render_chat(
+    State(s): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    Ok(Json(render(&s, Api::Chat, &headers, body).await?).into_response())
+}
+
+async fn render(
+    s: &AppState,
+    api: Api,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Value, ApiError> {
+    let bytes = read_body(headers, body, s.max_body_bytes).await?;
+    let p = openai::parse(api, &s.limits, &s.tokenizer, &bytes)?;
+    let n = s.rendered.fetch_add(1, Relaxed);
+    Ok(json!({"request_id": format!("render-{}-{n}", s.engine_id), "token_ids": p.tokens}))
 }
 
 async fn generate(

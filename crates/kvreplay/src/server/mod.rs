@@ -309,6 +309,7 @@ impl SimEngine {
             block_size: config.engine.block_size,
             engine_id: config.engine_id,
             faults: Arc::clone(&faults),
+            rendered: AtomicU64::new(0),
             stop: stop_rx.clone(),
         });
         let app = http::router(state);
