@@ -28,12 +28,12 @@ struct Fleet {
 /// `n` engines (ids 0..n) with the word-level test model, and a router
 /// with the gateway in front of them.
 async fn fleet(n: usize) -> Fleet {
-    fleet_with(n, false).await
+    fleet_with(n, false, 200.0).await
 }
 
 /// `fleet`, with the built-in byte-level tokenizer (`--tokenizer
-/// MODEL=builtin`) if `builtin`.
-async fn fleet_with(n: usize, builtin: bool) -> Fleet {
+/// MODEL=builtin`) if `builtin`, decoding `decode_tps` tokens a second.
+async fn fleet_with(n: usize, builtin: bool, decode_tps: f64) -> Fleet {
     let dir = tempfile::tempdir().unwrap();
     let model = if builtin {
         std::path::PathBuf::from("builtin")
@@ -51,7 +51,7 @@ async fn fleet_with(n: usize, builtin: bool) -> Fleet {
         cfg.engine_id = i as u64;
         cfg.engine.block_size = BS;
         cfg.engine.prefill_tps = 200_000.0;
-        cfg.engine.decode_tps = 200.0;
+        cfg.engine.decode_tps = decode_tps;
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         engines.push(SimEngine::start(cfg, l).await.unwrap());
     }
@@ -388,7 +388,7 @@ async fn requests_fail_over_from_an_engine_that_refuses_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_builtin_tokenizer_needs_no_files() {
-    let f = fleet_with(2, true).await;
+    let f = fleet_with(2, true, 200.0).await;
     let body = json!({"model": MODEL, "prompt": "x".repeat(100), "max_tokens": 2});
     let toks = f.tok.prompt_tokens(Endpoint::Completions, &body).unwrap();
     assert_eq!(toks.len(), 100, "one token per byte");

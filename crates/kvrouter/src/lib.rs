@@ -86,6 +86,11 @@ pub async fn serve(
             g.drain().await;
         }
     };
+    // Streamed chunks leave as they come: without TCP_NODELAY a small chunk
+    // waits for the client's delayed ACK (40 ms on Linux) behind the last.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;

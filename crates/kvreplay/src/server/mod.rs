@@ -315,6 +315,11 @@ impl SimEngine {
         let app = http::router(state);
         let mut stop = stop_rx;
         let server = tokio::spawn(async move {
+            // Streamed chunks leave as they come: without TCP_NODELAY a small chunk
+            // waits for the client's delayed ACK (40 ms on Linux) behind the last.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move {
                     let _ = stop.wait_for(|s| *s).await;
