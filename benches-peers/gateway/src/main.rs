@@ -84,6 +84,9 @@ struct Common {
     /// Requests running at once per engine.
     #[arg(long, default_value_t = 64)]
     max_running: usize,
+    /// Extra flags for ours (`arbor router`), e.g. `--policy kv-aware`.
+    #[arg(long, allow_hyphen_values = true, value_delimiter = ' ')]
+    ours_args: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -226,6 +229,7 @@ async fn start_target(
             if target == "ours-approx" {
                 cmd.arg("--no-kv-events");
             }
+            cmd.args(&c.ours_args);
         }
         "sglang" => {
             cmd = Command::new(venv_bin("sglang-router")?);
