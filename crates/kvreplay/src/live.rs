@@ -15,7 +15,7 @@
 //! (`now_us`) and the policy, so decays and tie-breaks follow the run.
 use std::time::{Duration, Instant};
 
-use kvindex::{KvEvent, KvEventData, LocalHash};
+use kvindex::{KvEvent, KvEventData, LocalHash, StoredBlock};
 use kvrouter::wire::{encode_batch, WireEvent};
 use serde_json::{json, Value};
 
@@ -186,12 +186,24 @@ impl LiveRouter {
 
 /// An index event as the engine publishes it, tokens from [`block_tokens`].
 pub fn wire_event(ev: &KvEvent) -> WireEvent {
+    to_wire(ev, BLOCK_TOKENS, |blocks| {
+        blocks.iter().flat_map(|b| block_tokens(b.local)).collect()
+    })
+}
+
+/// An index event in vLLM's wire form (GPU tier, no LoRA), a `Stored`
+/// event's token ids given by `tokens` for its blocks.
+pub(crate) fn to_wire(
+    ev: &KvEvent,
+    block_size: usize,
+    tokens: impl FnOnce(&[StoredBlock]) -> Vec<u32>,
+) -> WireEvent {
     match &ev.data {
         KvEventData::Stored { parent, blocks } => WireEvent::Stored {
             block_hashes: blocks.iter().map(|b| b.external.0).collect(),
             parent: parent.map(|p| p.0),
-            token_ids: blocks.iter().flat_map(|b| block_tokens(b.local)).collect(),
-            block_size: BLOCK_TOKENS as u64,
+            token_ids: tokens(blocks),
+            block_size: block_size as u64,
             medium: Some("GPU".into()),
             lora_name: None,
         },

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use kvindex::{ExternalHash, KvEvent, KvEventData, WorkerKey};
+use kvindex::{ExternalHash, KvEvent, WorkerKey};
 use kvrouter::wire::{encode_batch, WireEvent};
 use tokio::sync::oneshot;
 
@@ -225,35 +225,20 @@ impl Core {
     /// of the blocks it stores, found through the admitted request whose
     /// first new block it starts with.
     fn wire_event(&self, ev: &KvEvent, admitted: &[Admitted]) -> WireEvent {
-        match &ev.data {
-            KvEventData::Stored { parent, blocks } => {
-                let bs = self.block_size;
-                let first = blocks.first().map(|b| b.external);
-                let tokens = admitted
-                    .iter()
-                    .filter_map(|a| self.waiting.get(&a.id).map(|w| (a, w)))
-                    .find(|(a, w)| w.exts.get(a.hit_blocks).copied() == first)
-                    .and_then(|(a, w)| {
-                        let from = a.hit_blocks * bs;
-                        w.tokens.get(from..from + blocks.len() * bs)
-                    })
-                    .map(<[u32]>::to_vec)
-                    .unwrap_or_default();
-                WireEvent::Stored {
-                    block_hashes: blocks.iter().map(|b| b.external.0).collect(),
-                    parent: parent.map(|p| p.0),
-                    token_ids: tokens,
-                    block_size: bs as u64,
-                    medium: Some("GPU".into()),
-                    lora_name: None,
-                }
-            }
-            KvEventData::Removed { hashes } => WireEvent::Removed {
-                block_hashes: hashes.iter().map(|h| h.0).collect(),
-                medium: Some("GPU".into()),
-            },
-            KvEventData::Cleared => WireEvent::Cleared,
-        }
+        let bs = self.block_size;
+        crate::live::to_wire(ev, bs, |blocks| {
+            let first = blocks.first().map(|b| b.external);
+            admitted
+                .iter()
+                .filter_map(|a| self.waiting.get(&a.id).map(|w| (a, w)))
+                .find(|(a, w)| w.exts.get(a.hit_blocks).copied() == first)
+                .and_then(|(a, w)| {
+                    let from = a.hit_blocks * bs;
+                    w.tokens.get(from..from + blocks.len() * bs)
+                })
+                .map(<[u32]>::to_vec)
+                .unwrap_or_default()
+        })
     }
 
     /// Requests running and waiting.
