@@ -107,10 +107,11 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    /// The tokenizer: `--tokenizer`'s directory, or the built-in one.
+    /// The tokenizer: `--tokenizer`'s directory (or `builtin`), else the
+    /// built-in one.
     pub fn load_tokenizer(&self) -> anyhow::Result<ModelTokenizer> {
         match &self.tokenizer {
-            Some(dir) => ModelTokenizer::from_dir(dir)
+            Some(dir) => ModelTokenizer::load(dir)
                 .map_err(|e| anyhow::anyhow!("--tokenizer {}: {e}", dir.display())),
             None => Ok(ModelTokenizer::builtin()),
         }

@@ -82,6 +82,10 @@ impl std::fmt::Debug for ModelTokenizer {
 
 const TEMPLATE: &str = "chat";
 
+/// The name that stands for the built-in tokenizer where a model directory
+/// is expected.
+pub const BUILTIN: &str = "builtin";
+
 /// `transformers` treats a `model_max_length` this large as unset.
 const UNSET_LENGTH: f64 = 1e12;
 
@@ -108,6 +112,17 @@ impl ModelTokenizer {
             Err(e) => return Err(e),
         };
         Self::from_json(&tokenizer, config.as_ref())
+    }
+
+    /// `builtin` (the [`ModelTokenizer::builtin`] one), else a model
+    /// directory ([`ModelTokenizer::from_dir`]): what a `--tokenizer` flag
+    /// names.
+    pub fn load(spec: &Path) -> Result<Self, TokenizeError> {
+        if spec.as_os_str() == BUILTIN {
+            Ok(Self::builtin())
+        } else {
+            Self::from_dir(spec)
+        }
     }
 
     /// Builds from the bytes of a `tokenizer.json` and a parsed
@@ -670,6 +685,28 @@ mod tests {
             .unwrap();
         assert_eq!(chat, vec![1, 4, word_id(7), word_id(8), 5]);
         assert_eq!(t.decode(&chat).unwrap(), "[user] t7 t8 [assistant]");
+    }
+
+    #[test]
+    fn load_takes_builtin_or_a_directory() {
+        let builtin = ModelTokenizer::load(Path::new(BUILTIN)).unwrap();
+        assert_eq!(builtin.encode("ab", false).unwrap().len(), 2);
+        let dir = tempfile::tempdir().unwrap();
+        let words = test_support::tokenizer::write_model_dir(dir.path());
+        assert_eq!(
+            ModelTokenizer::load(&words)
+                .unwrap()
+                .encode("t1 t2", false)
+                .unwrap(),
+            vec![
+                test_support::tokenizer::word_id(1),
+                test_support::tokenizer::word_id(2)
+            ]
+        );
+        assert!(matches!(
+            ModelTokenizer::load(&dir.path().join("absent")),
+            Err(TokenizeError::Io { .. })
+        ));
     }
 
     #[test]

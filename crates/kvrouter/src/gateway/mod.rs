@@ -76,15 +76,12 @@ impl Gateway {
         let tokenizers = tokio::task::spawn_blocking(move || {
             let mut out = HashMap::new();
             for t in specs {
-                let tok = if t.dir.as_os_str() == "builtin" {
-                    ModelTokenizer::builtin()
-                } else {
-                    ModelTokenizer::from_dir(&t.dir).map_err(|e| GatewayInitError::Tokenizer {
+                let tok =
+                    ModelTokenizer::load(&t.dir).map_err(|e| GatewayInitError::Tokenizer {
                         model: t.model.clone(),
                         dir: t.dir.display().to_string(),
                         reason: e.to_string(),
-                    })?
-                };
+                    })?;
                 out.insert(t.model, Arc::new(tok));
             }
             Ok::<_, GatewayInitError>(out)
