@@ -293,6 +293,47 @@ pub struct RouterArgs {
     /// finish (new ones get 503 meanwhile), seconds; then they are cut.
     #[arg(long, value_parser = parse_secs, default_value = "30")]
     pub drain_timeout: Duration,
+    /// Replicas on NATS JetStream: relay the engines this router
+    /// subscribes to into a stream, and build the indexes from that stream
+    /// (with every other router on it). `nats://HOST:PORT`.
+    #[arg(long, value_name = "URL")]
+    pub nats: Option<String>,
+    /// The JetStream stream of engine events; its subjects are
+    /// `kv.STREAM.MODEL.ID.RANK`, and its key-value and object buckets
+    /// are named after it.
+    #[arg(long, default_value = "ARBOR_KV")]
+    pub nats_stream: String,
+    /// Stream retention: events older than this go, seconds.
+    #[arg(long, value_parser = parse_secs, default_value = "3600")]
+    pub nats_max_age: Duration,
+    /// Stream retention: the oldest events go beyond this many bytes.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub nats_max_bytes: i64,
+    /// Keep the stream in memory instead of files (lost if the server restarts).
+    #[arg(long)]
+    pub nats_memory: bool,
+    /// A replica is not ready while more stream messages than this wait
+    /// to be applied.
+    #[arg(long, default_value_t = 10_000)]
+    pub nats_max_lag: u64,
+    /// The replica holding the snapshot lease writes a snapshot every this
+    /// many stream messages (0: never).
+    #[arg(long, default_value_t = 100_000)]
+    pub nats_snapshot_every: u64,
+    /// The snapshot lease's time to live, seconds: a leader that stops
+    /// renewing it loses it after this long.
+    #[arg(long, value_parser = parse_secs, default_value = "10")]
+    pub nats_lease_ttl: Duration,
+    /// Engine batches a relay holds while JetStream acknowledges earlier
+    /// ones (the ingest threads wait beyond it).
+    #[arg(long, default_value_t = 10_000)]
+    pub nats_relay_queue: usize,
+    /// Stream messages a replica holds received but not yet applied.
+    #[arg(long, default_value_t = 10_000)]
+    pub nats_apply_queue: usize,
+    /// This replica's name in the snapshot lease (default: host and pid).
+    #[arg(long)]
+    pub replica_id: Option<String>,
     /// The kv-aware cost knobs, for embedding (default: --overlap-weight,
     /// temperature 0).
     #[arg(skip)]

@@ -5,7 +5,8 @@
 //! `GET /workers`, `POST /query`, `POST /query_by_hash`, `GET /dump`,
 //! `GET /health`. Ours: `POST /route`, `POST /prefill_complete` (first
 //! token out: its blocks stop counting as pending prefill), `POST
-//! /complete`, `GET /ready`, `GET /metrics`. Every error is JSON `{"error": "..."}`.
+//! /complete`, `GET /ready`, `GET /replica` (with `--nats`), `GET /metrics`.
+//! Every error is JSON `{"error": "..."}`.
 //! With `--gateway`, [`crate::gateway::routes`] are merged in (OpenAI's
 //! routes and error shape).
 use std::collections::BTreeMap;
@@ -74,6 +75,7 @@ pub fn router(svc: Arc<Service>, metrics: metrics_exporter_prometheus::Prometheu
         .route("/dump", get(dump))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/ready", get(ready))
+        .route("/replica", get(replica))
         .route("/route", post(route))
         .route("/complete", post(complete))
         .route("/prefill_complete", post(prefill_complete))
@@ -141,9 +143,12 @@ async fn register(State(s): State<Arc<Service>>, Body(r): Body<RegisterReq>) -> 
     if let Err(e) = s.check_spec(&spec) {
         return e.into_response();
     }
-    match s.register(spec) {
-        Ok(()) => (StatusCode::CREATED, Json(json!({"status": "ok"}))).into_response(),
-        Err(e) => e.into_response(),
+    // Off the runtime: on a NATS link, registering asks the stream where
+    // the worker's history stands.
+    match tokio::task::spawn_blocking(move || s.register(spec)).await {
+        Ok(Ok(())) => (StatusCode::CREATED, Json(json!({"status": "ok"}))).into_response(),
+        Ok(Err(e)) => e.into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
     }
 }
 
@@ -228,6 +233,7 @@ fn status_word(state: FeedState, problem: bool) -> &'static str {
     match (state, problem) {
         (_, true) => "failed",
         (FeedState::Active | FeedState::Approximate, _) => "active",
+        (FeedState::Replicated, _) => "replicated",
         (FeedState::Pending | FeedState::Replaying, _) => "pending",
     }
 }
@@ -464,6 +470,30 @@ pub fn router_event_json(ev: &kvindex::KvEvent) -> serde_json::Value {
         "storage_tier": "device",
         "event": { "event_id": ev.event_id, "data": data, "dp_rank": ev.worker.dp_rank },
     })
+}
+
+async fn replica(State(s): State<Arc<Service>>) -> Response {
+    use std::sync::atomic::Ordering::Relaxed;
+    let Some(n) = &s.nats else {
+        return error(StatusCode::NOT_FOUND, "not a replica (no --nats)");
+    };
+    let st = &n.state;
+    Json(json!({
+        "replica_id": n.id,
+        "stream": n.stream,
+        "ready": n.ready(),
+        "reachable": st.reachable.load(Relaxed),
+        "applied_seq": st.applied.load(Relaxed),
+        "stream_last_seq": st.stream_last.load(Relaxed),
+        "lag": st.lag(),
+        "snapshot_leader": st.leader.load(Relaxed),
+        "snapshot_seq": st.snapshot_seq.load(Relaxed),
+        "snapshots_written": st.snapshots_written.load(Relaxed),
+        "gaps": st.gaps.load(Relaxed),
+        "stale": st.stale.load(Relaxed),
+        "malformed": st.malformed.load(Relaxed),
+    }))
+    .into_response()
 }
 
 async fn ready(State(s): State<Arc<Service>>) -> Response {

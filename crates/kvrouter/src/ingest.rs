@@ -24,7 +24,9 @@ use crossbeam_channel::{Receiver, Sender};
 use kvindex::{KvIndexer, WorkerKey};
 
 use crate::convert::{Converter, EventIds, Outcome, Rejected};
+use crate::record::ClearReason;
 use crate::registry::{FeedState, Model, Worker};
+use crate::replica::RelaySink;
 use crate::seq::{Clear, Sequencer, Step, Weighed};
 use crate::wire::decode_batch;
 
@@ -138,12 +140,15 @@ impl Ingest {
     /// Subscribes to `worker`'s events into `model`'s index, its history
     /// wanted from seq `start` (0, or a snapshot's seq + 1); its index
     /// events are numbered from `first_id` (past those a snapshot loaded).
+    /// With a `relay`, the batches go to the NATS stream instead of the
+    /// index.
     pub fn add(
         &self,
         model: Arc<Model>,
         worker: Arc<Worker>,
         start: u64,
         first_id: u64,
+        relay: Option<RelaySink>,
     ) -> Result<(), FeedError> {
         if self.stop.load(Relaxed) {
             return Err(FeedError("the router is stopping".into()));
@@ -184,6 +189,7 @@ impl Ingest {
             replay_wanted: None,
             model,
             worker,
+            relay,
         };
         // The lane with the fewest workers: a hash would leave lanes
         // uneven for the few workers a router has.
@@ -199,6 +205,11 @@ impl Ingest {
         self.lanes[lane]
             .send(Cmd::Add(Box::new(feed)))
             .map_err(|_| FeedError("ingest stopped".into()))
+    }
+
+    /// True if `model`'s worker `key` has a feed here.
+    pub fn feeds(&self, model: &str, key: WorkerKey) -> bool {
+        self.placed.lock().contains_key(&(model.to_string(), key))
     }
 
     /// Stops `key`'s feed for `model`; the receiver hears once its ingest
@@ -263,6 +274,8 @@ struct Feed {
     replay: Option<Replay>,
     /// A replay asked for but not started (all replay slots busy).
     replay_wanted: Option<u64>,
+    /// Where batches go instead of the index (`--nats`).
+    relay: Option<RelaySink>,
 }
 
 struct Lane {
@@ -528,6 +541,9 @@ impl Lane {
                 }
             }
         }
+        if let Some(r) = &mut self.feeds[i].relay {
+            r.flush();
+        }
         let f = &self.feeds[i];
         f.worker.status.duplicates.store(f.seq.duplicates, Relaxed);
         let gaps = f.worker.status.gaps.load(Relaxed);
@@ -601,6 +617,10 @@ impl Feed {
                 st.decode_errors.fetch_add(1, Relaxed);
                 metrics::counter!("kvrouter_decode_errors_total").increment(1);
                 tracing::warn!(worker = ?self.key, seq, error = %e, "undecodable batch");
+                // Replicas see the seq go by, not a hole.
+                if let Some(r) = &mut self.relay {
+                    r.batch(seq, 0.0, Vec::new());
+                }
                 st.last_seq.store(seq, Release);
                 return;
             }
@@ -617,6 +637,7 @@ impl Feed {
             }
         }
         let mut t = Tally::default();
+        let mut relayed = Vec::new();
         for ev in &batch.events {
             match self.conv.convert(ev) {
                 Outcome::Index(data) => {
@@ -627,6 +648,12 @@ impl Feed {
                         kvindex::KvEventData::Removed { hashes } => (&mut t.removed, hashes.len()),
                         kvindex::KvEventData::Cleared => (&mut t.cleared, 0),
                     };
+                    if self.relay.is_some() {
+                        relayed.push(data);
+                        *kind += 1;
+                        t.blocks += n as u64;
+                        continue;
+                    }
                     let ev = self.ids.event(self.key, data);
                     match self.model.index.apply(&ev) {
                         Ok(()) => {
@@ -650,6 +677,9 @@ impl Feed {
                     tracing::debug!(worker = ?self.key, error = %r, "event malformed");
                 }
             }
+        }
+        if let Some(r) = &mut self.relay {
+            r.batch(seq, batch.ts, relayed);
         }
         let applied = t.stored + t.removed + t.cleared;
         st.events_applied.fetch_add(applied, Relaxed);
@@ -685,7 +715,13 @@ impl Feed {
     }
 
     fn clear(&mut self, why: Clear) {
-        self.model.index.remove_worker(self.key);
+        match &mut self.relay {
+            Some(r) => r.clear(match why {
+                Clear::Restart => ClearReason::Restart,
+                Clear::Resync => ClearReason::Resync,
+            }),
+            None => self.model.index.remove_worker(self.key),
+        }
         self.ids.reset();
         let st = &self.worker.status;
         match why {

@@ -29,8 +29,11 @@ pub mod http;
 pub mod ingest;
 #[cfg(feature = "service")]
 pub mod metrics;
+pub mod record;
 #[cfg(feature = "service")]
 pub mod registry;
+#[cfg(feature = "service")]
+pub mod replica;
 pub mod seq;
 #[cfg(feature = "service")]
 pub mod service;

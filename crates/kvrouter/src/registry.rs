@@ -48,6 +48,8 @@ pub enum FeedState {
     Active,
     /// No event stream (approximate mode).
     Approximate,
+    /// Fed from the NATS stream by another router's relay.
+    Replicated,
 }
 
 impl FeedState {
@@ -56,6 +58,7 @@ impl FeedState {
             1 => Self::Replaying,
             2 => Self::Active,
             3 => Self::Approximate,
+            4 => Self::Replicated,
             _ => Self::Pending,
         }
     }

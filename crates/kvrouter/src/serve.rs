@@ -15,10 +15,16 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let handle = metrics::handle();
+    let nats = match &args.nats {
+        Some(_) => Some(crate::replica::Nats::connect(&args).await?),
+        None => None,
+    };
     let svc = {
         let a = args.clone();
-        tokio::task::spawn_blocking(move || Service::new(a)).await??
+        let n = nats.clone();
+        tokio::task::spawn_blocking(move || Service::with_nats(a, n)).await??
     };
+    let nats_tasks = nats.as_ref().map(|n| n.start(&svc)).unwrap_or_default();
     let ticker = {
         let svc = Arc::clone(&svc);
         tokio::spawn(async move {
@@ -69,6 +75,9 @@ pub async fn serve(
     if let Some(h) = health {
         h.abort();
     }
+    if let Some(n) = &nats {
+        crate::replica::lease::release(n).await;
+    }
     // Nothing is applied after the ingest threads stop, so the last
     // snapshot holds exactly the seqs it records.
     tokio::task::spawn_blocking(move || {
@@ -76,6 +85,14 @@ pub async fn serve(
         save(&svc);
     })
     .await?;
+    // The relay's queue is closed with the ingest threads; what it holds
+    // is published before the link goes.
+    if let Some(n) = nats {
+        n.flush_relay().await;
+    }
+    for t in nats_tasks {
+        t.abort();
+    }
     Ok(())
 }
 

@@ -125,6 +125,9 @@ pub struct Service {
     /// Models and workers.
     pub models: Models,
     ingest: Ingest,
+    /// The NATS link (`--nats`): the indexes follow the stream, the
+    /// engines' batches go to it.
+    pub nats: Option<Arc<crate::replica::Nats>>,
     start: Instant,
     next_request: std::sync::atomic::AtomicU64,
     scrape_hooks: parking_lot::Mutex<Vec<ScrapeHook>>,
@@ -136,6 +139,32 @@ pub type ScrapeHook = Box<dyn Fn() + Send + Sync>;
 impl Service {
     /// Starts the ingest threads and registers the workers given in `args`.
     pub fn new(args: RouterArgs) -> Result<Arc<Self>, ServiceError> {
+        Self::with_nats(args, None)
+    }
+
+    /// As [`Service::new`], on a NATS link: the snapshot it fetched is
+    /// loaded, and the configured workers are relayed into the stream.
+    /// Blocks on the link's runtime: call it off the runtime's threads.
+    pub fn with_nats(
+        args: RouterArgs,
+        nats: Option<Arc<crate::replica::Nats>>,
+    ) -> Result<Arc<Self>, ServiceError> {
+        if nats.is_some() {
+            let clash = if args.snapshot.is_some() {
+                Some("--snapshot")
+            } else if args.peer.is_some() {
+                Some("--peer")
+            } else if args.no_kv_events {
+                Some("--no-kv-events")
+            } else {
+                None
+            };
+            if let Some(flag) = clash {
+                return Err(ServiceError::Invalid(format!(
+                    "{flag} does not go with --nats (replicas take their state from the stream and its snapshots)"
+                )));
+            }
+        }
         if !(args.overlap_weight.is_finite() && args.overlap_weight >= 0.0) {
             return Err(ServiceError::Invalid(format!(
                 "--overlap-weight {} must be a finite number >= 0",
@@ -159,8 +188,24 @@ impl Service {
             start: Instant::now(),
             next_request: std::sync::atomic::AtomicU64::new(0),
             scrape_hooks: parking_lot::Mutex::new(Vec::new()),
+            nats,
             args,
         });
+        if let Some(n) = &svc.nats {
+            let mut a = crate::replica::apply::Applier::new();
+            a.bind(Arc::clone(&svc));
+            if let Some(snap) = n.initial.lock().take() {
+                let t = Instant::now();
+                let blocks = a.load(snap);
+                tracing::info!(
+                    blocks,
+                    stream_seq = a.applied,
+                    ms = t.elapsed().as_millis() as u64,
+                    "snapshot loaded"
+                );
+            }
+            *n.applier.lock() = Some(a);
+        }
         // Workers from the flags and the file, first: a worker the
         // snapshot also holds takes its endpoints from here.
         let configured = svc.configured_workers()?;
@@ -179,6 +224,10 @@ impl Service {
             );
         }
         for spec in configured {
+            if svc.nats.is_some() {
+                svc.register(spec)?;
+                continue;
+            }
             let known = svc
                 .models
                 .get(&spec.model)
@@ -283,6 +332,9 @@ impl Service {
         {
             crate::ingest::check_endpoint(e)?;
         }
+        if let Some(n) = &self.nats {
+            return self.relay(n, spec, start);
+        }
         let (model, worker) = self.models.add(spec)?;
         if start == 0 && first_id == 0 {
             // A fresh worker: whatever a loaded dump held under its key is
@@ -295,14 +347,71 @@ impl Service {
                 .last_seq
                 .store(last, std::sync::atomic::Ordering::Release);
         }
-        let fed = self
-            .ingest
-            .add(Arc::clone(&model), Arc::clone(&worker), start, first_id);
+        let fed = self.ingest.add(
+            Arc::clone(&model),
+            Arc::clone(&worker),
+            start,
+            first_id,
+            None,
+        );
         if let Err(e) = fed {
             self.models.remove(&model.name, &[worker.spec.key]);
             return Err(e.into());
         }
         tracing::info!(model = %model.name, worker = ?worker.spec.key, endpoint = ?worker.spec.endpoint, start, "worker registered");
+        Ok(worker)
+    }
+
+    /// Registers a worker on a NATS link: its registration and batches go
+    /// to the stream (from the seq after the last the stream holds); the
+    /// index takes them from there, as every replica's does.
+    fn relay(
+        &self,
+        n: &Arc<crate::replica::Nats>,
+        spec: WorkerSpec,
+        start: u64,
+    ) -> Result<Arc<Worker>, ServiceError> {
+        let (key, name) = (spec.key, spec.model.clone());
+        if self.ingest.feeds(&name, key) {
+            return Err(RegisterError::Exists {
+                model: name,
+                id: key.worker_id,
+                dp_rank: key.dp_rank,
+            }
+            .into());
+        }
+        let info = crate::record::WorkerInfo {
+            block_size: spec.block_size as u32,
+            endpoint: spec.endpoint.clone(),
+            replay_endpoint: spec.replay_endpoint.clone(),
+            url: spec.url.clone(),
+        };
+        // Known already when the stream or a snapshot named it.
+        let (model, worker) = match self.models.add(spec) {
+            Ok(x) => x,
+            Err(RegisterError::Exists { .. }) => {
+                let m = self.model(&name)?;
+                let w = m.workers.read().get(&key).cloned();
+                let w = w.ok_or_else(|| ServiceError::NotFound(format!("worker {key:?}")))?;
+                (m, w)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let start = if start == 0 {
+            n.rt.block_on(crate::replica::relay::start_seq(n, &name, key))
+        } else {
+            start
+        };
+        let sink = crate::replica::RelaySink::new(n, &name, key, info.block_size);
+        sink.register(info);
+        self.ingest.add(
+            Arc::clone(&model),
+            Arc::clone(&worker),
+            start,
+            0,
+            Some(sink),
+        )?;
+        tracing::info!(model = %name, worker = ?key, start, "worker relayed");
         Ok(worker)
     }
 
@@ -335,6 +444,20 @@ impl Service {
             if w.recv_timeout(Duration::from_secs(5)).is_err() {
                 tracing::warn!(worker = ?k, "ingest did not confirm the feed stopped within 5 s");
             }
+        }
+        if let Some(n) = &self.nats {
+            // Every replica (this one too) removes it when the record
+            // comes back from the stream.
+            for &k in &keys {
+                crate::replica::RelaySink::new(n, model, k, m.block_size as u32).unregister();
+            }
+            tracing::info!(
+                model,
+                id,
+                ranks = keys.len(),
+                "worker unregistered (through the stream)"
+            );
+            return Ok(keys.len());
         }
         let gone = self.models.remove(model, &keys);
         tracing::info!(model, id, ranks = gone.len(), "worker unregistered");
@@ -585,12 +708,13 @@ impl Service {
                 }
             }
         }
-        (waiting.is_empty(), waiting)
+        let replica = self.nats.as_ref().is_none_or(|n| n.ready());
+        (replica && waiting.is_empty(), waiting)
     }
 
     fn worker_ready(&self, w: &Worker) -> bool {
         match w.status.state() {
-            FeedState::Active | FeedState::Approximate => true,
+            FeedState::Active | FeedState::Approximate | FeedState::Replicated => true,
             FeedState::Replaying => false,
             FeedState::Pending => w.since.elapsed() >= self.args.connect_timeout,
         }

@@ -5,4 +5,5 @@
 mod gateway;
 mod http;
 mod publisher;
+mod replicas;
 mod support;

@@ -14,6 +14,8 @@ use kvindex::{
 };
 use serde_json::{json, Value};
 
+pub mod nats;
+
 fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -142,6 +144,7 @@ pub struct Router {
     /// `http://127.0.0.1:PORT`.
     pub base: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    kill: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
     http: reqwest::blocking::Client,
 }
@@ -150,6 +153,7 @@ impl Router {
     /// Starts one with `args` (its listen address is ignored).
     pub fn start(args: kvrouter::RouterArgs) -> Self {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (kill_tx, kill_rx) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
@@ -164,17 +168,22 @@ impl Router {
                 addr_tx
                     .send(l.local_addr().expect("addr"))
                     .expect("send addr");
-                kvrouter::serve(args, l, async {
+                let serve = kvrouter::serve(args, l, async {
                     let _ = rx.await;
-                })
-                .await
-                .expect("the router runs");
+                });
+                tokio::select! {
+                    r = serve => r.expect("the router runs"),
+                    // A crash: no drain, no last publish, no lease release.
+                    Ok(()) = kill_rx => {}
+                }
             });
+            rt.shutdown_background();
         });
         let addr = addr_rx.recv().expect("the router's address");
         let r = Self {
             base: format!("http://{addr}"),
             stop: Some(tx),
+            kill: Some(kill_tx),
             thread: Some(thread),
             http: reqwest::blocking::Client::new(),
         };
@@ -196,6 +205,18 @@ impl Router {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
+    }
+
+    /// Stops the router as a crash would: its tasks dropped where they
+    /// stand, nothing flushed or handed over.
+    pub fn kill(mut self) {
+        if let Some(k) = self.kill.take() {
+            let _ = k.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.stop = None;
     }
 
     /// Whether the router's thread has ended.

@@ -1,0 +1,231 @@
+//! Replicas on a real `nats-server -js`: a relay router subscribed to the
+//! independent Python publisher, replicas consuming the stream; crashes of
+//! replicas and relays, a server restart and a frozen server; the
+//! snapshot lease.
+use std::time::{Duration, Instant};
+
+use kvrouter::{RouterArgs, WorkerArg};
+use serde_json::Value;
+
+use crate::support::nats::{binary, NatsServer};
+use crate::support::{args, python, Engine, Expect, Publisher, Router};
+
+fn replica_args(n: &NatsServer, id: &str, snapshot_every: u64) -> RouterArgs {
+    let mut a = args();
+    a.nats = Some(n.url());
+    a.replica_id = Some(id.into());
+    a.nats_snapshot_every = snapshot_every;
+    a.nats_lease_ttl = Duration::from_secs(2);
+    a
+}
+
+fn relay_args(n: &NatsServer, id: &str, p: &Publisher) -> RouterArgs {
+    let mut a = replica_args(n, id, 0);
+    a.workers = vec![WorkerArg {
+        id: 1,
+        dp_rank: 0,
+        endpoint: Some(p.endpoint.clone()),
+        replay: Some(p.replay.clone()),
+        url: None,
+    }];
+    a
+}
+
+fn status(r: &Router) -> Value {
+    r.get("/replica").1
+}
+
+/// Waits until every router has applied the stream's last message and
+/// that message is at least `at_least`; returns the stream's last seq.
+fn converge(routers: &[&Router], at_least: u64, within: Duration) -> u64 {
+    let t = Instant::now();
+    loop {
+        let s: Vec<Value> = routers.iter().map(|r| status(r)).collect();
+        let last = s[0]["stream_last_seq"].as_u64().unwrap_or(0);
+        let done = last >= at_least
+            && s.iter().all(|x| {
+                x["applied_seq"].as_u64() == Some(last)
+                    && x["stream_last_seq"].as_u64() == Some(last)
+            });
+        if done {
+            return last;
+        }
+        assert!(
+            t.elapsed() < within,
+            "replicas did not converge on {at_least}: {s:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Publishes `n` random batches of worker 1 (into `exp` too).
+fn publish(p: &mut Publisher, e: &mut Engine, exp: &Expect, rng: &mut u64, n: usize) {
+    for _ in 0..n {
+        let (w, evs) = e.random_batch(rng, 4);
+        p.batch(w, false);
+        exp.apply(&evs);
+    }
+}
+
+struct Setup {
+    srv: NatsServer,
+    p: Publisher,
+    e: Engine,
+    exp: Expect,
+    rng: u64,
+}
+
+fn setup() -> Option<Setup> {
+    let bin = binary()?;
+    let py = python()?;
+    Some(Setup {
+        srv: NatsServer::start(bin),
+        p: Publisher::start(&py, "array", "int"),
+        e: Engine::new(1),
+        exp: Expect::new(),
+        rng: 0x9e37_79b9_7f4a_7c15,
+    })
+}
+
+#[test]
+fn a_replica_started_after_another_crashed_answers_as_the_survivor() {
+    let Some(mut s) = setup() else { return };
+    let relay = Router::start(relay_args(&s.srv, "relay", &s.p));
+    let a = Router::start(replica_args(&s.srv, "a", 40));
+    publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 120);
+    // Killed while batches keep coming.
+    a.kill();
+    publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 120);
+    let b = Router::start(replica_args(&s.srv, "b", 40));
+    let t = Instant::now();
+    // One registration, then one message per batch.
+    converge(&[&relay, &b], 241, Duration::from_secs(20));
+    eprintln!("new replica caught up in {:?}", t.elapsed());
+    let key = s.e.key;
+    s.exp.check(&relay, "m", &[key]);
+    s.exp.check(&b, "m", &[key]);
+    // It started from the snapshot the crashed replica wrote.
+    let st = status(&b);
+    assert!(st["snapshot_seq"].as_u64() > Some(0), "{st}");
+    assert_eq!(st["stale"], 0, "{st}");
+}
+
+#[test]
+fn a_server_restart_loses_and_doubles_nothing() {
+    let Some(mut s) = setup() else { return };
+    let relay = Router::start(relay_args(&s.srv, "relay", &s.p));
+    let a = Router::start(replica_args(&s.srv, "a", 0));
+    publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 60);
+    converge(&[&relay, &a], 61, Duration::from_secs(20));
+    s.srv.stop();
+    publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 30);
+    s.srv.restart();
+    publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 30);
+    let last = converge(&[&relay, &a], 121, Duration::from_secs(30));
+    // Exactly one message per batch: nothing doubled.
+    assert_eq!(last, 121);
+    s.exp.check(&relay, "m", &[s.e.key]);
+    s.exp.check(&a, "m", &[s.e.key]);
+    assert_eq!(status(&a)["stale"], 0);
+}
+
+#[test]
+fn a_relay_restarted_after_a_crash_leaves_no_gap_and_no_duplicate() {
+    let Some(mut s) = setup() else { return };
+    let relay = Router::start(relay_args(&s.srv, "relay", &s.p));
+    let a = Router::start(replica_args(&s.srv, "a", 0));
+    publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 60);
+    converge(&[&relay, &a], 61, Duration::from_secs(20));
+    relay.kill();
+    // Heard by no relay: the engine's replay brings them back.
+    publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 30);
+    let relay = Router::start(relay_args(&s.srv, "relay", &s.p));
+    publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 30);
+    // Two registrations, one message per batch.
+    let last = converge(&[&relay, &a], 122, Duration::from_secs(20));
+    assert_eq!(last, 122);
+    s.exp.check(&a, "m", &[s.e.key]);
+    s.exp.check(&relay, "m", &[s.e.key]);
+    assert_eq!(status(&a)["stale"], 0);
+}
+
+#[test]
+fn a_frozen_server_makes_replicas_unready_until_it_thaws() {
+    let Some(mut s) = setup() else { return };
+    let relay = Router::start(relay_args(&s.srv, "relay", &s.p));
+    let a = Router::start(replica_args(&s.srv, "a", 0));
+    publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 40);
+    converge(&[&relay, &a], 41, Duration::from_secs(20));
+    assert_eq!(a.get("/ready").0, 200);
+    s.srv.pause();
+    let t = Instant::now();
+    while a.get("/ready").0 != 503 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "still ready with the server frozen"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("unready {:?} after the freeze", t.elapsed());
+    assert_eq!(status(&a)["reachable"], false);
+    publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 20);
+    s.srv.resume();
+    converge(&[&relay, &a], 61, Duration::from_secs(30));
+    let t = Instant::now();
+    while a.get("/ready").0 != 200 {
+        assert!(t.elapsed() < Duration::from_secs(10), "never ready again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s.exp.check(&a, "m", &[s.e.key]);
+    s.exp.check(&relay, "m", &[s.e.key]);
+}
+
+#[test]
+fn one_snapshot_writer_at_a_time_and_a_dead_ones_lease_passes_on() {
+    let Some(mut s) = setup() else { return };
+    let relay = Router::start(relay_args(&s.srv, "relay", &s.p));
+    let a = Router::start(replica_args(&s.srv, "a", 10));
+    let b = Router::start(replica_args(&s.srv, "b", 10));
+    let leaders = |rs: &[&Router]| -> Vec<bool> {
+        rs.iter()
+            .map(|r| status(r)["snapshot_leader"] == true)
+            .collect()
+    };
+    // Batches in rounds, the lease holders sampled in between.
+    for _ in 0..10 {
+        publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 10);
+        let l = leaders(&[&a, &b]);
+        assert!(!(l[0] && l[1]), "two snapshot writers at once");
+    }
+    converge(&[&relay, &a, &b], 101, Duration::from_secs(20));
+    let l = leaders(&[&a, &b]);
+    assert!(l[0] ^ l[1], "one writer: {l:?}");
+    let (dead, alive) = if l[0] { (a, b) } else { (b, a) };
+    let written = status(&dead)["snapshot_seq"].as_u64().unwrap_or(0);
+    assert!(status(&dead)["snapshots_written"].as_u64() > Some(0));
+    assert_eq!(status(&alive)["snapshots_written"], 0);
+    dead.kill();
+    // The lease outlives its holder by at most its time to live (2 s).
+    let t = Instant::now();
+    while status(&alive)["snapshot_leader"] != true {
+        assert!(
+            t.elapsed() < Duration::from_secs(8),
+            "the lease never passed on"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("lease passed on {:?} after the holder died", t.elapsed());
+    publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 30);
+    converge(&[&relay, &alive], 131, Duration::from_secs(20));
+    let t = Instant::now();
+    while status(&alive)["snapshots_written"].as_u64() < Some(1) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the new writer wrote nothing"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // It went on past the dead writer's range, not over it.
+    assert!(status(&alive)["snapshot_seq"].as_u64() > Some(written));
+    s.exp.check(&alive, "m", &[s.e.key]);
+}
