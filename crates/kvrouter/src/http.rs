@@ -491,6 +491,11 @@ async fn replica(State(s): State<Arc<Service>>) -> Response {
         "snapshots_written": st.snapshots_written.load(Relaxed),
         "gaps": st.gaps.load(Relaxed),
         "stale": st.stale.load(Relaxed),
+        "batches": st.batches.load(Relaxed),
+        "worker_gaps": st.worker_gaps.load(Relaxed),
+        "workers": st.workers.lock().iter().map(|((m, k), seq)| json!({
+            "model_name": m, "instance_id": k.worker_id, "dp_rank": k.dp_rank, "last_seq": seq,
+        })).collect::<Vec<_>>(),
         "malformed": st.malformed.load(Relaxed),
     }))
     .into_response()

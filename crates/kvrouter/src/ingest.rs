@@ -311,6 +311,9 @@ impl Lane {
                             if gone && x.replay.take().is_some() {
                                 replays.fetch_sub(1, Relaxed);
                             }
+                            if let Some(r) = x.relay.as_mut().filter(|_| gone) {
+                                r.flush();
+                            }
                             !gone
                         });
                         let _ = done.send(());
@@ -361,6 +364,12 @@ impl Lane {
                 }
             }
             self.expire_replays();
+            // What this round read goes out as one message per worker.
+            for f in &mut self.feeds {
+                if let Some(r) = &mut f.relay {
+                    r.flush();
+                }
+            }
         }
     }
 
@@ -540,9 +549,6 @@ impl Lane {
                     }
                 }
             }
-        }
-        if let Some(r) = &mut self.feeds[i].relay {
-            r.flush();
         }
         let f = &self.feeds[i];
         f.worker.status.duplicates.store(f.seq.duplicates, Relaxed);

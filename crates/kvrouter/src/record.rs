@@ -57,22 +57,30 @@ pub enum ClearReason {
     Resync,
 }
 
+/// One engine batch, converted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineBatch {
+    /// The engine's seq of the batch.
+    pub seq: u64,
+    /// The engine's timestamp of the batch.
+    pub ts: f64,
+    /// Its index events, in order.
+    pub events: Vec<KvEventData>,
+}
+
 /// What one stream message says.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Body {
     /// A worker was registered (again: a relay restarted).
     Register(WorkerInfo),
-    /// One engine batch, converted.
-    Batch {
-        /// The engine's seq of the batch.
-        seq: u64,
-        /// The engine's timestamp of the batch.
-        ts: f64,
+    /// Consecutive engine batches of the worker (one, or the run its
+    /// relay read at once), converted.
+    Batches {
         /// The worker's block size (a replica that never saw the
         /// registration, cut by retention, registers the worker with it).
         block_size: u32,
-        /// Its index events, in order.
-        events: Vec<KvEventData>,
+        /// The batches, in seq order.
+        batches: Vec<EngineBatch>,
     },
     /// The worker's blocks are to be dropped.
     Clear {
@@ -101,7 +109,7 @@ impl Record {
         w.push(RECORD_VERSION);
         let kind = match &self.body {
             Body::Register(_) => 1,
-            Body::Batch { .. } => 2,
+            Body::Batches { .. } => 2,
             Body::Clear { .. } => 3,
             Body::Unregister => 4,
         };
@@ -110,18 +118,14 @@ impl Record {
         put_key(&mut w, self.subject.key);
         match &self.body {
             Body::Register(info) => put_info(&mut w, info),
-            Body::Batch {
-                seq,
-                ts,
+            Body::Batches {
                 block_size,
-                events,
+                batches,
             } => {
-                w.extend_from_slice(&seq.to_le_bytes());
-                w.extend_from_slice(&ts.to_le_bytes());
                 w.extend_from_slice(&block_size.to_le_bytes());
-                w.extend_from_slice(&(events.len() as u32).to_le_bytes());
-                for e in events {
-                    put_event(&mut w, e);
+                w.extend_from_slice(&(batches.len() as u32).to_le_bytes());
+                for b in batches {
+                    put_batch(&mut w, b);
                 }
             }
             Body::Clear { reason, seq } => {
@@ -151,21 +155,17 @@ impl Record {
         let body = match kind {
             1 => Body::Register(r.info()?),
             2 => {
-                let seq = r.u64()?;
-                let ts = f64::from_bits(r.u64()?);
                 let block_size = r.u32()?;
                 let n = r.u32()? as usize;
-                // Every event takes at least its tag byte.
-                r.need(n)?;
-                let mut events = Vec::with_capacity(n);
+                // Every batch takes at least 20 bytes.
+                r.need(n.saturating_mul(20))?;
+                let mut batches = Vec::with_capacity(n);
                 for _ in 0..n {
-                    events.push(r.event()?);
+                    batches.push(r.batch()?);
                 }
-                Body::Batch {
-                    seq,
-                    ts,
+                Body::Batches {
                     block_size,
-                    events,
+                    batches,
                 }
             }
             3 => {
@@ -301,6 +301,30 @@ impl Snapshot {
         }
         r.end()?;
         Ok(Self { stream_seq, models })
+    }
+}
+
+/// Bytes [`put_batch`] writes for `b`.
+pub fn batch_len(b: &EngineBatch) -> usize {
+    20 + b
+        .events
+        .iter()
+        .map(|e| match e {
+            KvEventData::Stored { parent, blocks } => {
+                6 + if parent.is_some() { 8 } else { 0 } + 16 * blocks.len()
+            }
+            KvEventData::Removed { hashes } => 5 + 8 * hashes.len(),
+            KvEventData::Cleared => 1,
+        })
+        .sum::<usize>()
+}
+
+fn put_batch(w: &mut Vec<u8>, b: &EngineBatch) {
+    w.extend_from_slice(&b.seq.to_le_bytes());
+    w.extend_from_slice(&b.ts.to_le_bytes());
+    w.extend_from_slice(&(b.events.len() as u32).to_le_bytes());
+    for e in &b.events {
+        put_event(w, e);
     }
 }
 
@@ -456,6 +480,19 @@ impl<'a> Reader<'a> {
         })
     }
 
+    fn batch(&mut self) -> Result<EngineBatch, FormatError> {
+        let seq = self.u64()?;
+        let ts = f64::from_bits(self.u64()?);
+        let n = self.u32()? as usize;
+        // Every event takes at least its tag byte.
+        self.need(n)?;
+        let mut events = Vec::with_capacity(n);
+        for _ in 0..n {
+            events.push(self.event()?);
+        }
+        Ok(EngineBatch { seq, ts, events })
+    }
+
     fn event(&mut self) -> Result<KvEventData, FormatError> {
         match self.u8()? {
             0 => {
@@ -549,16 +586,22 @@ mod tests {
         let body = prop_oneof![
             info().prop_map(Body::Register),
             (
-                any::<u64>(),
-                -1e12f64..1e12,
                 any::<u32>(),
-                proptest::collection::vec(data(), 0..6)
+                proptest::collection::vec(
+                    (
+                        any::<u64>(),
+                        -1e12f64..1e12,
+                        proptest::collection::vec(data(), 0..4)
+                    ),
+                    0..4
+                )
             )
-                .prop_map(|(seq, ts, block_size, events)| Body::Batch {
-                    seq,
-                    ts,
+                .prop_map(|(block_size, bs)| Body::Batches {
                     block_size,
-                    events
+                    batches: bs
+                        .into_iter()
+                        .map(|(seq, ts, events)| EngineBatch { seq, ts, events })
+                        .collect()
                 }),
             (any::<bool>(), any::<u64>()).prop_map(|(r, seq)| Body::Clear {
                 reason: if r {
@@ -583,6 +626,10 @@ mod tests {
         #[test]
         fn records_round_trip_and_every_cut_is_an_error(r in record()) {
             let b = r.encode();
+            if let Body::Batches { batches, .. } = &r.body {
+                let n: usize = batches.iter().map(batch_len).sum();
+                prop_assert_eq!(b.len(), 2 + 2 + r.subject.model.len() + 12 + 8 + n);
+            }
             prop_assert_eq!(Record::decode(&b).unwrap(), r);
             for cut in 0..b.len() {
                 prop_assert!(Record::decode(&b[..cut]).is_err());
@@ -630,11 +677,13 @@ mod tests {
                 model: "m".into(),
                 key: WorkerKey::new(1, 0),
             },
-            body: Body::Batch {
-                seq: 1,
-                ts: 0.0,
+            body: Body::Batches {
                 block_size: 16,
-                events: vec![],
+                batches: vec![EngineBatch {
+                    seq: 1,
+                    ts: 0.0,
+                    events: vec![],
+                }],
             },
         }
         .encode();

@@ -122,6 +122,7 @@ impl Applier {
             }
             Body::Unregister => {
                 self.svc().models.remove(&model, &[key]);
+                state.workers.lock().remove(&(model.clone(), key));
                 self.seen.remove(&(model, key));
             }
             Body::Clear { seq: s, .. } => {
@@ -132,11 +133,9 @@ impl Applier {
                 e.ids.reset();
                 e.last_seq = s.checked_sub(1);
             }
-            Body::Batch {
-                seq: s,
+            Body::Batches {
                 block_size,
-                events,
-                ..
+                batches,
             } => {
                 let info = WorkerInfo {
                     block_size,
@@ -145,29 +144,39 @@ impl Applier {
                 let Some(m) = self.worker(&model, key, &info) else {
                     return;
                 };
-                let e = self.seen.entry((model, key)).or_default();
-                match e.last_seq {
-                    Some(l) if s <= l => {
-                        state.stale.fetch_add(1, Relaxed);
-                        metrics::counter!("kvrouter_replica_stale_total").increment(1);
-                        return;
+                let e = self.seen.entry((model.clone(), key)).or_default();
+                for b in batches {
+                    match e.last_seq {
+                        Some(l) if b.seq <= l => {
+                            state.stale.fetch_add(1, Relaxed);
+                            metrics::counter!("kvrouter_replica_stale_total").increment(1);
+                            continue;
+                        }
+                        Some(l) if b.seq > l + 1 => {
+                            // Records of this worker are missing: forget
+                            // it rather than keep what it may have evicted.
+                            m.index.remove_worker(key);
+                            e.ids.reset();
+                            state.worker_gaps.fetch_add(1, Relaxed);
+                            metrics::counter!("kvrouter_replica_worker_gaps_total").increment(1);
+                        }
+                        _ => {}
                     }
-                    Some(l) if s > l + 1 => {
-                        // Records of this worker are missing: forget it
-                        // rather than keep what it may have evicted.
-                        m.index.remove_worker(key);
-                        e.ids.reset();
-                        metrics::counter!("kvrouter_replica_worker_gaps_total").increment(1);
+                    for data in b.events {
+                        let ev = e.ids.event(key, data);
+                        let _ = m.index.apply(&ev);
                     }
-                    _ => {}
+                    e.last_seq = Some(b.seq);
+                    state.batches.fetch_add(1, Relaxed);
                 }
-                for data in events {
-                    let ev = e.ids.event(key, data);
-                    let _ = m.index.apply(&ev);
+                if let Some(s) = e.last_seq {
+                    state.workers.lock().insert((model, key), s);
                 }
-                e.last_seq = Some(s);
                 let w = m.workers.read().get(&key).cloned();
-                if let Some(w) = w.filter(|w| w.status.state() == FeedState::Replicated) {
+                if let (Some(w), Some(s)) = (
+                    w.filter(|w| w.status.state() == FeedState::Replicated),
+                    e.last_seq,
+                ) {
                     w.status.last_seq.store(s, Release);
                 }
             }
@@ -416,6 +425,197 @@ fn apply_loop(
             // Marked now so the next is not taken while this uploads.
             st.snapshot_seq.store(d.seq, Relaxed);
             let _ = snapshots.try_send((d.seq, bytes));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{EngineBatch, Subject};
+    use kvindex::{ExternalHash, KvEvent, KvEventData, LocalHash, ReferenceIndex, StoredBlock};
+    use proptest::prelude::*;
+
+    const W: WorkerKey = WorkerKey {
+        worker_id: 1,
+        dp_rank: 0,
+    };
+
+    /// Engine batches from `ops` (store a new root chain, or evict a
+    /// stored block), and each chain's local hashes.
+    fn batches(ops: &[(bool, u8)]) -> (Vec<EngineBatch>, Vec<Vec<LocalHash>>) {
+        let (mut out, mut chains, mut held) = (Vec::new(), Vec::new(), Vec::new());
+        let mut next = 1u64;
+        for (i, &(store, x)) in ops.iter().enumerate() {
+            let ev = if store || held.is_empty() {
+                let blocks: Vec<StoredBlock> = (0..1 + x % 3)
+                    .map(|_| {
+                        next += 1;
+                        held.push(next);
+                        StoredBlock {
+                            local: LocalHash(next.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                            external: ExternalHash(next),
+                        }
+                    })
+                    .collect();
+                chains.push(blocks.iter().map(|b| b.local).collect());
+                KvEventData::Stored {
+                    parent: None,
+                    blocks,
+                }
+            } else {
+                let id = held.swap_remove(x as usize % held.len());
+                KvEventData::Removed {
+                    hashes: vec![ExternalHash(id)],
+                }
+            };
+            out.push(EngineBatch {
+                seq: i as u64,
+                ts: 1.0,
+                events: vec![ev],
+            });
+        }
+        (out, chains)
+    }
+
+    fn record(body: Body) -> Vec<u8> {
+        Record {
+            subject: Subject {
+                model: "m".into(),
+                key: W,
+            },
+            body,
+        }
+        .encode()
+    }
+
+    /// `bs` cut into runs where `cut` says.
+    fn runs(bs: &[EngineBatch], cut: &[bool]) -> Vec<Vec<EngineBatch>> {
+        let mut out: Vec<Vec<EngineBatch>> = vec![Vec::new()];
+        for (i, b) in bs.iter().enumerate() {
+            if cut[i % cut.len()] && !out.last().is_some_and(Vec::is_empty) {
+                out.push(Vec::new());
+            }
+            out.last_mut().expect("a run").push(b.clone());
+        }
+        out
+    }
+
+    /// Applies the messages (a registration first) to a fresh replica and
+    /// compares every chain's overlap with the reference fed `bs` in order:
+    /// equal if `exact`, else never more.
+    fn check(
+        msgs: &[Vec<EngineBatch>],
+        bs: &[EngineBatch],
+        chains: &[Vec<LocalHash>],
+        exact: bool,
+    ) -> Result<super::super::ReplicaState, TestCaseError> {
+        let svc = Service::new(crate::RouterArgs::defaults()).expect("a service");
+        let mut a = Applier::new();
+        a.bind(Arc::clone(&svc));
+        let st = super::super::ReplicaState::default();
+        a.apply(
+            1,
+            &record(Body::Register(WorkerInfo {
+                block_size: 16,
+                ..Default::default()
+            })),
+            &st,
+        );
+        for (i, m) in msgs.iter().enumerate() {
+            let body = Body::Batches {
+                block_size: 16,
+                batches: m.clone(),
+            };
+            a.apply(i as u64 + 2, &record(body), &st);
+        }
+        let reference = ReferenceIndex::new();
+        for (i, b) in bs.iter().enumerate() {
+            for data in &b.events {
+                let _ = reference.apply(&KvEvent {
+                    worker: W,
+                    event_id: i as u64,
+                    data: data.clone(),
+                });
+            }
+        }
+        let index = &svc.models.get("m").expect("the model").index;
+        for c in chains {
+            let (got, want) = (
+                index.find_matches(c).get(W),
+                reference.find_matches(c).get(W),
+            );
+            if exact {
+                prop_assert_eq!(got, want);
+            } else {
+                prop_assert!(got <= want, "{} > {}", got, want);
+            }
+        }
+        let (got, want) = (index.worker_block_count(W), reference.worker_block_count(W));
+        if exact {
+            prop_assert_eq!(got, want);
+        } else {
+            prop_assert!(got <= want);
+        }
+        Ok(st)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// One relay: runs cut anywhere, a suffix published again after a
+        /// failed acknowledgement (cut differently): every batch applies
+        /// exactly once.
+        #[test]
+        fn runs_and_republished_suffixes_apply_exactly_once(
+            ops in proptest::collection::vec((any::<bool>(), any::<u8>()), 1..40),
+            cut in proptest::collection::vec(any::<bool>(), 1..8),
+            recut in proptest::collection::vec(any::<bool>(), 1..8),
+            fail_at in any::<u8>(),
+            back in any::<u8>(),
+        ) {
+            let (bs, chains) = batches(&ops);
+            let first = runs(&bs, &cut);
+            let k = fail_at as usize % (first.len() + 1);
+            let from: usize = first[..k].iter().map(Vec::len).sum();
+            let from = from.saturating_sub(back as usize % 4);
+            let mut msgs: Vec<Vec<EngineBatch>> = first[..k].to_vec();
+            msgs.extend(runs(&bs[from..], &recut));
+            let st = check(&msgs, &bs, &chains, true)?;
+            prop_assert_eq!(st.worker_gaps.load(Relaxed), 0);
+            prop_assert_eq!(st.batches.load(Relaxed), bs.len() as u64);
+        }
+
+        /// Two relays cutting differently, their messages interleaved in any
+        /// order and deduplicated by first-batch id as JetStream does: the
+        /// replica may lose history (a hole clears the worker) but never
+        /// holds a block the engine does not.
+        #[test]
+        fn two_relays_in_any_order_never_overcount(
+            ops in proptest::collection::vec((any::<bool>(), any::<u8>()), 1..40),
+            cut_a in proptest::collection::vec(any::<bool>(), 1..8),
+            cut_b in proptest::collection::vec(any::<bool>(), 1..8),
+            order in proptest::collection::vec(any::<bool>(), 1..80),
+        ) {
+            let (bs, chains) = batches(&ops);
+            let (mut a, mut b) = (runs(&bs, &cut_a).into_iter(), runs(&bs, &cut_b).into_iter());
+            let mut ids = std::collections::HashSet::new();
+            let mut msgs = Vec::new();
+            let mut i = 0;
+            loop {
+                let pick = order[i % order.len()];
+                i += 1;
+                let m = match (pick, a.len() > 0, b.len() > 0) {
+                    (_, false, false) => break,
+                    (true, true, _) | (_, true, false) => a.next(),
+                    _ => b.next(),
+                };
+                let m = m.expect("a run");
+                if ids.insert(m[0].seq) {
+                    msgs.push(m);
+                }
+            }
+            check(&msgs, &bs, &chains, false)?;
         }
     }
 }

@@ -61,6 +61,12 @@ pub struct ReplicaState {
     pub malformed: AtomicU64,
     /// Batches older than the worker's last, skipped.
     pub stale: AtomicU64,
+    /// Engine batches applied.
+    pub batches: AtomicU64,
+    /// Times a worker's batches skipped seqs (its blocks were cleared).
+    pub worker_gaps: AtomicU64,
+    /// The engine seq of each worker's last batch applied, by (model, worker).
+    pub workers: parking_lot::Mutex<std::collections::BTreeMap<(String, kvindex::WorkerKey), u64>>,
 }
 
 impl ReplicaState {

@@ -24,10 +24,12 @@ use bytes::Bytes;
 use kvindex::{KvEventData, WorkerKey};
 
 use super::Nats;
-use crate::record::{Body, ClearReason, Record, Subject, WorkerInfo};
+use crate::record::{batch_len, Body, ClearReason, EngineBatch, Record, Subject, WorkerInfo};
 
-/// Acknowledgements awaited at once.
+/// Acknowledgements awaited at once (the client allows 5,000).
 const WINDOW: usize = 512;
+/// Largest run of batches in one message, bytes (NATS takes 1 MiB by default).
+const MAX_RUN_BYTES: usize = 256 << 10;
 
 /// One message for the stream.
 #[derive(Debug, Clone)]
@@ -51,6 +53,10 @@ pub struct RelaySink {
     /// A clear waiting for the batch that revealed it, whose id it takes.
     pending_clear: Option<ClearReason>,
     last_seq: Option<u64>,
+    /// Batches read but not yet published, and the id of the first.
+    run: Vec<EngineBatch>,
+    run_id: String,
+    run_bytes: usize,
 }
 
 impl RelaySink {
@@ -65,6 +71,9 @@ impl RelaySink {
             block_size,
             pending_clear: None,
             last_seq: None,
+            run: Vec::new(),
+            run_id: String::new(),
+            run_bytes: 0,
         }
     }
 
@@ -88,22 +97,24 @@ impl RelaySink {
         }
     }
 
-    /// Publishes one engine batch, converted (after a pending clear).
+    /// Adds one engine batch, converted, to the run published at the
+    /// next [`flush`](Self::flush) (after a pending clear).
     pub fn batch(&mut self, seq: u64, ts: f64, events: Vec<KvEventData>) {
         let id = format!("{}.{seq}.{:x}", self.id_base, ts.to_bits());
         if let Some(reason) = self.pending_clear.take() {
+            self.publish_run();
             self.send(format!("{id}.c"), Body::Clear { reason, seq });
         }
-        self.send(
-            id,
-            Body::Batch {
-                seq,
-                ts,
-                block_size: self.block_size,
-                events,
-            },
-        );
+        if self.run.is_empty() {
+            self.run_id = id;
+        }
+        let b = EngineBatch { seq, ts, events };
+        self.run_bytes += batch_len(&b);
+        self.run.push(b);
         self.last_seq = Some(seq);
+        if self.run_bytes >= MAX_RUN_BYTES {
+            self.publish_run();
+        }
     }
 
     /// The worker's blocks are to be cleared before its next batch.
@@ -111,8 +122,10 @@ impl RelaySink {
         self.pending_clear = Some(why);
     }
 
-    /// Publishes a clear that no batch followed.
+    /// Publishes the run, and a clear that no batch followed: the ingest
+    /// thread calls it once it has read what its sockets held.
     pub fn flush(&mut self) {
+        self.publish_run();
         if let Some(reason) = self.pending_clear.take() {
             let seq = self.last_seq.map_or(0, |s| s + 1);
             self.send(
@@ -120,6 +133,25 @@ impl RelaySink {
                 Body::Clear { reason, seq },
             );
         }
+    }
+
+    /// One message for the run, under its first batch's id: a relay that
+    /// cut its runs elsewhere makes other ids for the later ones, and
+    /// replicas skip the batches they already have.
+    fn publish_run(&mut self) {
+        if self.run.is_empty() {
+            return;
+        }
+        let batches = std::mem::take(&mut self.run);
+        self.run_bytes = 0;
+        let id = std::mem::take(&mut self.run_id);
+        self.send(
+            id,
+            Body::Batches {
+                block_size: self.block_size,
+                batches,
+            },
+        );
     }
 
     /// Publishes the worker's registration.
@@ -160,7 +192,7 @@ pub async fn start_seq(n: &Nats, model: &str, key: WorkerKey) -> u64 {
         .await
     {
         Ok(m) => match Record::decode(&m.payload).map(|r| r.body) {
-            Ok(Body::Batch { seq, .. }) => seq + 1,
+            Ok(Body::Batches { batches, .. }) => batches.last().map_or(0, |b| b.seq + 1),
             Ok(Body::Clear { seq, .. }) => seq,
             _ => 0,
         },
