@@ -278,9 +278,9 @@ async fn watch_stream(n: Arc<Nats>) {
     loop {
         t.tick().await;
         let info = tokio::time::timeout(Duration::from_secs(1), async {
-            let mut s = n.js.get_stream(&n.stream).await.ok()?;
-            let i = s.info().await.ok()?;
-            Some(i.state.last_sequence)
+            // One request: the stream's info comes with it.
+            let s = n.js.get_stream(&n.stream).await.ok()?;
+            Some(s.cached_info().state.last_sequence)
         })
         .await
         .ok()

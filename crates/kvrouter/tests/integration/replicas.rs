@@ -99,6 +99,15 @@ fn setup() -> Option<Setup> {
     })
 }
 
+/// A relay and replica `a` (no snapshots), with `n` batches applied by both.
+fn relay_and_replica(s: &mut Setup, n: usize) -> (Router, Router) {
+    let relay = Router::start(relay_args(&s.srv, "relay", &s.p));
+    let a = Router::start(replica_args(&s.srv, "a", 0));
+    let seq = publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, n);
+    converge(&[&relay, &a], seq, Duration::from_secs(20));
+    (relay, a)
+}
+
 #[test]
 fn a_replica_started_after_another_crashed_answers_as_the_survivor() {
     let Some(mut s) = setup() else { return };
@@ -124,10 +133,7 @@ fn a_replica_started_after_another_crashed_answers_as_the_survivor() {
 #[test]
 fn a_server_restart_loses_and_doubles_nothing() {
     let Some(mut s) = setup() else { return };
-    let relay = Router::start(relay_args(&s.srv, "relay", &s.p));
-    let a = Router::start(replica_args(&s.srv, "a", 0));
-    let seq = publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 60);
-    converge(&[&relay, &a], seq, Duration::from_secs(20));
+    let (relay, a) = relay_and_replica(&mut s, 60);
     s.srv.stop();
     publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 30);
     s.srv.restart();
@@ -141,10 +147,7 @@ fn a_server_restart_loses_and_doubles_nothing() {
 #[test]
 fn a_relay_restarted_after_a_crash_leaves_no_gap_and_no_duplicate() {
     let Some(mut s) = setup() else { return };
-    let relay = Router::start(relay_args(&s.srv, "relay", &s.p));
-    let a = Router::start(replica_args(&s.srv, "a", 0));
-    let seq = publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 60);
-    converge(&[&relay, &a], seq, Duration::from_secs(20));
+    let (relay, a) = relay_and_replica(&mut s, 60);
     relay.kill();
     // Heard by no relay: the engine's replay brings them back.
     publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 30);
@@ -159,10 +162,7 @@ fn a_relay_restarted_after_a_crash_leaves_no_gap_and_no_duplicate() {
 #[test]
 fn a_frozen_server_makes_replicas_unready_until_it_thaws() {
     let Some(mut s) = setup() else { return };
-    let relay = Router::start(relay_args(&s.srv, "relay", &s.p));
-    let a = Router::start(replica_args(&s.srv, "a", 0));
-    let seq = publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 40);
-    converge(&[&relay, &a], seq, Duration::from_secs(20));
+    let (relay, a) = relay_and_replica(&mut s, 40);
     assert_eq!(a.get("/ready").0, 200);
     s.srv.pause();
     let t = Instant::now();
