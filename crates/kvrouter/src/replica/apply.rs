@@ -220,17 +220,23 @@ impl Applier {
         }
     }
 
-    /// Replaces what the indexes hold with `snap`: every known worker is
-    /// cleared, the snapshot's workers are created and their events
-    /// applied. Returns the blocks stored.
-    pub fn load(&mut self, snap: Snapshot) -> usize {
-        let svc = Arc::clone(self.svc.as_ref().expect("bound to a service"));
-        for m in svc.models.all() {
+    /// Drops every worker's blocks and what the applier knew of its
+    /// stream (the workers stay registered).
+    fn forget_all(&mut self) {
+        for m in self.svc().models.all() {
             for k in m.workers.read().keys() {
                 m.index.remove_worker(*k);
             }
         }
         self.seen.clear();
+    }
+
+    /// Replaces what the indexes hold with `snap`: every known worker is
+    /// cleared, the snapshot's workers are created and their events
+    /// applied. Returns the blocks stored.
+    pub fn load(&mut self, snap: Snapshot) -> usize {
+        self.forget_all();
+        let svc = Arc::clone(self.svc.as_ref().expect("bound to a service"));
         let mut blocks = 0;
         for sm in snap.models {
             for w in &sm.workers {
@@ -394,16 +400,7 @@ fn apply_loop(
                         to = d.seq,
                         "fell behind the stream's retention: every worker cleared"
                     );
-                    let svc = Arc::clone(a.svc.as_ref().expect("bound"));
-                    for m in svc.models.all() {
-                        for k in m.workers.read().keys() {
-                            m.index.remove_worker(*k);
-                        }
-                    }
-                    for s in a.seen.values_mut() {
-                        s.ids.reset();
-                        s.last_seq = None;
-                    }
+                    a.forget_all();
                 }
             }
         }
