@@ -100,13 +100,18 @@ impl RelaySink {
     /// Adds one engine batch, converted, to the run published at the
     /// next [`flush`](Self::flush) (after a pending clear).
     pub fn batch(&mut self, seq: u64, ts: f64, events: Vec<KvEventData>) {
-        let id = format!("{}.{seq}.{:x}", self.id_base, ts.to_bits());
+        // The id is written only where a message takes it: a clear, or the
+        // first batch of a run.
+        let id = |base: &str| format!("{base}.{seq}.{:x}", ts.to_bits());
         if let Some(reason) = self.pending_clear.take() {
             self.publish_run();
-            self.send(format!("{id}.c"), Body::Clear { reason, seq });
+            self.send(
+                format!("{}.c", id(&self.id_base)),
+                Body::Clear { reason, seq },
+            );
         }
         if self.run.is_empty() {
-            self.run_id = id;
+            self.run_id = id(&self.id_base);
         }
         let b = EngineBatch { seq, ts, events };
         self.run_bytes += batch_len(&b);
