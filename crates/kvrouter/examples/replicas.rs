@@ -4,14 +4,16 @@
 //!
 //! ```sh
 //! cargo build --release -p arbor
-//! cargo run --release -p kvrouter --example replicas -- throughput target/release/arbor
+//! cargo run --release -p kvrouter --example replicas -- throughput target/release/arbor [STORES_PER_BATCH [EVENTS]]
 //! cargo run --release -p kvrouter --example replicas -- catchup target/release/arbor [BLOCKS]
 //! ```
 //!
-//! `throughput`: 8 in-process ZMQ publishers send 10,000 batches each (one
-//! 16-block store a batch) to one router (direct ingestion), then the same
-//! to a relay with two replicas; events a second until every router has
-//! applied the last batch.
+//! `throughput`: 8 in-process ZMQ publishers send EVENTS (default 80,000)
+//! 16-block stores, STORES_PER_BATCH (default 1) a batch, to one router
+//! (direct ingestion), then the same
+//! to a relay with two replicas, and to a relay-only router
+//! (`--nats-relay-only`) with two replicas; events a second until every
+//! router has applied the last batch.
 //!
 //! `catchup`: a snapshot of BLOCKS (worker, block) pairs (default 10M; 16
 //! workers, chains of 64 blocks, a fifth of them shared by every worker)
@@ -140,11 +142,10 @@ fn wire_batch(p: u64, i: u64, n: u64) -> Vec<u8> {
     encode_batch(i as f64, &evs, None)
 }
 
-fn throughput(arbor: &str, per_batch: u64) {
+fn throughput(arbor: &str, per_batch: u64, events: u64) {
     const PUBS: u64 = 8;
-    const EVENTS: u64 = 80_000;
     let per_batch = per_batch.clamp(1, 1000);
-    let batches = EVENTS / PUBS / per_batch;
+    let batches = events / PUBS / per_batch;
     let ctx = zmq::Context::new();
     let mut pubs = Vec::new();
     let mut workers = Vec::new();
@@ -201,8 +202,35 @@ fn throughput(arbor: &str, per_batch: u64) {
         events * 16.0 / direct.as_secs_f64() / 1e6,
         direct
     );
+    for relay_only in [false, true] {
+        let relayed = relayed(arbor, &workers, relay_only, PUBS, batches, || send(&pubs));
+        println!(
+            "relay{} + 2 replicas: {:.0} events/s ({:.2} M block ops/s), {:?}: {:.2}x of direct",
+            if relay_only {
+                " (--nats-relay-only)"
+            } else {
+                ""
+            },
+            events / relayed.as_secs_f64(),
+            events * 16.0 / relayed.as_secs_f64() / 1e6,
+            relayed,
+            direct.as_secs_f64() / relayed.as_secs_f64()
+        );
+    }
+}
+
+/// The same batches through a relay (relay-only or also a replica) into a
+/// fresh stream, and two replicas: the time until both have applied all.
+fn relayed(
+    arbor: &str,
+    workers: &[String],
+    relay_only: bool,
+    pubs: u64,
+    batches: u64,
+    send: impl FnOnce(),
+) -> Duration {
     let dir = tempfile::tempdir().expect("a store directory");
-    let (_srv, url) = nats_server(dir.path());
+    let (srv, url) = nats_server(dir.path());
     let nats = |id: &str| {
         vec![
             format!("--nats={url}"),
@@ -210,27 +238,30 @@ fn throughput(arbor: &str, per_batch: u64) {
             "--nats-snapshot-every=0".into(),
         ]
     };
-    let (_a, a) = router(arbor, &nats("a"));
-    let (_b, b) = router(arbor, &nats("b"));
+    let (a_proc, a) = router(arbor, &nats("a"));
+    let (b_proc, b) = router(arbor, &nats("b"));
     let mut relay_args = nats("relay");
     relay_args.extend(workers.iter().cloned());
-    let (_relay, _) = router(arbor, &relay_args);
+    if relay_only {
+        relay_args.push("--nats-relay-only".into());
+    }
+    let (relay, _) = router(arbor, &relay_args);
     std::thread::sleep(Duration::from_secs(1));
     let t = Instant::now();
-    send(&pubs);
-    let mut in_stream = None;
-    let relayed = loop {
+    send();
+    let mut first = None;
+    let elapsed = loop {
         let st: Vec<Value> = [&a, &b]
             .iter()
             .map(|r| get(&format!("{r}/replica")))
             .collect();
         let all_in = |s: &Value| {
             s["workers"].as_array().is_some_and(|w| {
-                w.len() as u64 == PUBS && w.iter().all(|w| w["last_seq"] == batches - 1)
+                w.len() as u64 == pubs && w.iter().all(|w| w["last_seq"] == batches - 1)
             })
         };
-        if in_stream.is_none() && st.iter().any(all_in) {
-            in_stream = Some((t.elapsed(), st[0]["applied_seq"].clone()));
+        if first.is_none() && st.iter().any(all_in) {
+            first = Some((t.elapsed(), st[0]["applied_seq"].clone()));
         }
         if st.iter().all(all_in) {
             break t.elapsed();
@@ -242,19 +273,13 @@ fn throughput(arbor: &str, per_batch: u64) {
         std::thread::sleep(Duration::from_millis(2));
     };
     println!(
-        "relay + 2 replicas: {:.0} events/s ({:.2} M block ops/s), {:?}: {:.2}x of direct",
-        events / relayed.as_secs_f64(),
-        events * 16.0 / relayed.as_secs_f64() / 1e6,
-        relayed,
-        direct.as_secs_f64() / relayed.as_secs_f64()
+        "  first replica done (elapsed, stream messages) {first:?}; CPU seconds: relay {:.2}, replicas {:.2} and {:.2}, nats-server {:.2}",
+        cpu_secs(relay.0.id()),
+        cpu_secs(a_proc.0.id()),
+        cpu_secs(b_proc.0.id()),
+        cpu_secs(srv.0.id())
     );
-    println!(
-        "  first replica done (elapsed, stream messages) {in_stream:?}; CPU seconds: relay {:.2}, replicas {:.2} and {:.2}, nats-server {:.2}",
-        cpu_secs(_relay.0.id()),
-        cpu_secs(_a.0.id()),
-        cpu_secs(_b.0.id()),
-        cpu_secs(_srv.0.id())
-    );
+    elapsed
 }
 
 fn catchup(arbor: &str, blocks: u64) {
@@ -419,7 +444,8 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match (args.first().map(String::as_str), args.get(1)) {
         (Some("throughput"), Some(arbor)) => {
-            throughput(arbor, args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1))
+            let n = |i: usize, d: u64| args.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
+            throughput(arbor, n(2, 1), n(3, 80_000))
         }
         (Some("catchup"), Some(arbor)) => catchup(
             arbor,
@@ -428,7 +454,7 @@ fn main() {
                 .unwrap_or(10_000_000),
         ),
         _ => eprintln!(
-            "usage: replicas throughput ARBOR [STORES_PER_BATCH] | catchup ARBOR [BLOCKS]"
+            "usage: replicas throughput ARBOR [STORES_PER_BATCH [EVENTS]] | catchup ARBOR [BLOCKS]"
         ),
     }
 }

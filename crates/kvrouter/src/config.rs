@@ -331,6 +331,11 @@ pub struct RouterArgs {
     /// Stream messages a replica holds received but not yet applied.
     #[arg(long, default_value_t = 10_000)]
     pub nats_apply_queue: usize,
+    /// Relay only: publish the engines' batches into the stream and build
+    /// no index (queries get 503; replicas elsewhere answer them). Spares
+    /// the relay the cost of applying the stream. Needs --nats.
+    #[arg(long)]
+    pub nats_relay_only: bool,
     /// This replica's name in the snapshot lease (default: host and pid).
     #[arg(long)]
     pub replica_id: Option<String>,

@@ -66,19 +66,26 @@ impl IntoResponse for ServiceError {
 /// The router's HTTP routes over `svc`.
 pub fn router(svc: Arc<Service>, metrics: metrics_exporter_prometheus::PrometheusHandle) -> Router {
     let limit = svc.args.max_body_bytes;
+    // What needs an index: refused by a relay-only router.
+    let index = Router::new()
+        .route("/query", post(query))
+        .route("/query_by_hash", post(query_by_hash))
+        .route("/dump", get(dump))
+        .route("/route", post(route))
+        .route("/complete", post(complete))
+        .route("/prefill_complete", post(prefill_complete))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&svc),
+            refuse_when_relay_only,
+        ));
     Router::new()
         .route("/register", post(register))
         .route("/unregister", post(unregister))
         .route("/workers", get(workers))
-        .route("/query", post(query))
-        .route("/query_by_hash", post(query_by_hash))
-        .route("/dump", get(dump))
+        .merge(index)
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/ready", get(ready))
         .route("/replica", get(replica))
-        .route("/route", post(route))
-        .route("/complete", post(complete))
-        .route("/prefill_complete", post(prefill_complete))
         .route(
             "/metrics",
             get(move |State(s): State<Arc<Service>>| async move {
@@ -101,6 +108,21 @@ pub fn router(svc: Arc<Service>, metrics: metrics_exporter_prometheus::Prometheu
         )
         .layer(DefaultBodyLimit::max(limit))
         .with_state(svc)
+}
+
+/// 503 from a relay-only router (`--nats-relay-only`): it builds no index.
+async fn refuse_when_relay_only(
+    State(s): State<Arc<Service>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if s.args.nats_relay_only {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this router only relays engine events into NATS (--nats-relay-only) and keeps no index: ask a replica",
+        );
+    }
+    next.run(req).await
 }
 
 fn default_group() -> String {
@@ -481,6 +503,7 @@ async fn replica(State(s): State<Arc<Service>>) -> Response {
     Json(json!({
         "replica_id": n.id,
         "stream": n.stream,
+        "relay_only": n.args.nats_relay_only,
         "ready": n.ready(),
         "reachable": st.reachable.load(Relaxed),
         "applied_seq": st.applied.load(Relaxed),

@@ -164,6 +164,16 @@ impl Service {
                     "{flag} does not go with --nats (replicas take their state from the stream and its snapshots)"
                 )));
             }
+            if args.nats_relay_only && args.gateway {
+                return Err(ServiceError::Invalid(
+                    "--gateway does not go with --nats-relay-only (a relay keeps no index to route by)"
+                        .into(),
+                ));
+            }
+        } else if args.nats_relay_only {
+            return Err(ServiceError::Invalid(
+                "--nats-relay-only needs --nats".into(),
+            ));
         }
         if !(args.overlap_weight.is_finite() && args.overlap_weight >= 0.0) {
             return Err(ServiceError::Invalid(format!(

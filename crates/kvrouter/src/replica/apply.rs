@@ -229,6 +229,28 @@ impl Applier {
             }
         }
         self.seen.clear();
+        self.report();
+    }
+
+    /// Rewrites what the replica reports of each worker's stream (its
+    /// last engine seq) from what the applier knows, after a load or a
+    /// forget.
+    fn report(&self) {
+        let svc = self.svc();
+        let Some(n) = &svc.nats else { return };
+        let mut reported = n.state.workers.lock();
+        reported.clear();
+        for ((model, key), seen) in &self.seen {
+            let Some(s) = seen.last_seq else { continue };
+            reported.insert((model.clone(), *key), s);
+            let w = svc
+                .models
+                .get(model)
+                .and_then(|m| m.workers.read().get(key).cloned());
+            if let Some(w) = w.filter(|w| w.status.state() == FeedState::Replicated) {
+                w.status.last_seq.store(s, Release);
+            }
+        }
     }
 
     /// Replaces what the indexes hold with `snap`: every known worker is
@@ -261,6 +283,7 @@ impl Applier {
             }
         }
         self.applied = snap.stream_seq;
+        self.report();
         blocks
     }
 }
@@ -386,6 +409,7 @@ fn apply_loop(
                         "fell behind the stream's retention: snapshot reloaded"
                     );
                     let next = s.stream_seq + 1;
+                    st.snapshot_seq.store(s.stream_seq, Relaxed);
                     a.load(s);
                     st.applied.store(a.applied, Relaxed);
                     if next > d.seq {

@@ -202,7 +202,13 @@ impl Nats {
             applier: parking_lot::Mutex::new(None),
             args: args.clone(),
         });
-        if let Some(s) = lease::load_latest(&n).await {
+        // A relay that builds no index has no use for a snapshot.
+        let snapshot = if args.nats_relay_only {
+            None
+        } else {
+            lease::load_latest(&n).await
+        };
+        if let Some(s) = snapshot {
             tracing::info!(stream_seq = s.stream_seq, "snapshot fetched");
             n.state.snapshot_seq.store(s.stream_seq, Relaxed);
             *n.initial.lock() = Some(s);
@@ -230,6 +236,9 @@ impl Nats {
             tasks.push(tokio::spawn(relay::publish_loop(Arc::clone(self), rx)));
         }
         tasks.push(tokio::spawn(watch_stream(Arc::clone(self))));
+        if self.args.nats_relay_only {
+            return tasks;
+        }
         let (snap_tx, snap_rx) = tokio::sync::mpsc::channel(1);
         // A replica that writes no snapshots does not compete for the lease.
         if self.args.nats_snapshot_every > 0 {
@@ -260,13 +269,15 @@ impl Nats {
     }
 
     /// True when the replica can serve: the server answers, and the
-    /// stream messages not yet applied are within `--nats-max-lag`.
+    /// stream messages not yet applied are within `--nats-max-lag` (a
+    /// relay-only router: the server answers).
     pub fn ready(&self) -> bool {
         let s = &self.state;
-        s.reachable.load(Relaxed)
-            && self.client.connection_state() == async_nats::connection::State::Connected
-            && s.caught_up.load(Relaxed)
-            && s.lag() <= self.args.nats_max_lag
+        let reachable = s.reachable.load(Relaxed)
+            && self.client.connection_state() == async_nats::connection::State::Connected;
+        reachable
+            && (self.args.nats_relay_only
+                || s.caught_up.load(Relaxed) && s.lag() <= self.args.nats_max_lag)
     }
 }
 

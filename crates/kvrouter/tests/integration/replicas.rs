@@ -1,13 +1,13 @@
 //! Replicas on a real `nats-server -js`: a relay router subscribed to the
 //! independent Python publisher, replicas consuming the stream; crashes of
-//! replicas and relays, a server restart and a frozen server; the
-//! snapshot lease.
+//! replicas and relays, a server restart and a frozen server, a replica
+//! cut off past the stream's retention; the snapshot lease.
 use std::time::{Duration, Instant};
 
 use kvrouter::{RouterArgs, WorkerArg};
 use serde_json::Value;
 
-use crate::support::nats::{binary, NatsServer};
+use crate::support::nats::{binary, Link, NatsServer};
 use crate::support::{args, python, Engine, Expect, Publisher, Router};
 
 fn replica_args(n: &NatsServer, id: &str, snapshot_every: u64) -> RouterArgs {
@@ -271,4 +271,100 @@ fn a_replica_behind_the_streams_retention_keeps_no_stale_block() {
             assert!(score(&b) <= score(&relay), "prompt {p} ({blocks} blocks)");
         }
     }
+}
+
+#[test]
+fn a_replica_cut_off_past_the_retention_reloads_the_newest_snapshot() {
+    let Some(mut s) = setup() else { return };
+    let small = |mut a: RouterArgs| {
+        a.nats_max_bytes = 24 << 10;
+        a
+    };
+    let relay = Router::start(small(relay_args(&s.srv, "relay", &s.p)));
+    // The snapshot writer, every 5 messages.
+    let a = Router::start(small(replica_args(&s.srv, "a", 5)));
+    let link = Link::start(&s.srv);
+    let mut b_args = small(replica_args(&s.srv, "b", 0));
+    b_args.nats = Some(link.url());
+    let b = Router::start(b_args);
+    let seq = publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 30);
+    converge(&[&relay, &a, &b], seq, Duration::from_secs(20));
+    let cut_at = status(&b)["applied_seq"].as_u64().unwrap_or(0);
+    link.cut();
+    let t = Instant::now();
+    while b.get("/ready").0 != 503 {
+        assert!(t.elapsed() < Duration::from_secs(10), "ready while cut off");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The stream moves on past everything b had (far more than the
+    // 24 KiB it keeps), and a snapshots it.
+    let mut seq = 0;
+    for _ in 0..20 {
+        seq = publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 10);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    converge(&[&relay, &a], seq, Duration::from_secs(20));
+    let t = Instant::now();
+    loop {
+        let st = status(&a);
+        let last = st["stream_last_seq"].as_u64().unwrap_or(0);
+        if st["snapshot_seq"].as_u64().unwrap_or(0) + 5 >= last && last > cut_at + 5 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no recent snapshot: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    link.heal();
+    converge(&[&relay, &a, &b], seq, Duration::from_secs(40));
+    let st = status(&b);
+    assert_eq!(st["gaps"], 1, "{st}");
+    assert!(st["snapshot_seq"].as_u64() > Some(cut_at), "{st}");
+    // Snapshot plus tail is the whole history: every answer exact.
+    s.exp.check(&b, "m", &[s.e.key]);
+    assert_eq!(b.get("/ready").0, 200);
+}
+
+#[test]
+fn a_relay_only_router_publishes_and_refuses_queries() {
+    let Some(mut s) = setup() else { return };
+    let mut r = relay_args(&s.srv, "relay", &s.p);
+    r.nats_relay_only = true;
+    let relay = Router::start(r);
+    let a = Router::start(replica_args(&s.srv, "a", 0));
+    let seq = publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 40);
+    converge(&[&a], seq, Duration::from_secs(20));
+    s.exp.check(&a, "m", &[s.e.key]);
+    exactly_once(&a);
+    let st = status(&relay);
+    assert_eq!(st["relay_only"], true, "{st}");
+    assert_eq!(st["applied_seq"], 0, "it applies nothing: {st}");
+    assert_eq!(relay.get("/ready").0, 200);
+    let q = serde_json::json!({"token_ids": crate::support::prompt(0, 2), "model_name": "m"});
+    let (code, body) = relay.post("/query", &q);
+    assert_eq!(code, 503, "{body}");
+    assert!(body.to_string().contains("relay-only"), "{body}");
+    assert_eq!(relay.get("/dump").0, 503);
+    // A relay-only router serves no gateway, and needs NATS.
+    let mut g = relay_args(&s.srv, "g", &s.p);
+    g.nats_relay_only = true;
+    g.gateway = true;
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    let n = rt
+        .block_on(kvrouter::replica::Nats::connect(&g))
+        .expect("connect");
+    let e = rt
+        .block_on(async {
+            tokio::task::spawn_blocking(move || kvrouter::Service::with_nats(g, Some(n))).await
+        })
+        .expect("join")
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("--gateway"), "{e}");
+    let mut lone = crate::support::args();
+    lone.nats_relay_only = true;
+    let e = kvrouter::Service::new(lone).err().expect("refused");
+    assert!(e.to_string().contains("needs --nats"), "{e}");
 }

@@ -135,3 +135,89 @@ impl Drop for NatsServer {
         }
     }
 }
+
+/// A TCP link from a free loopback port to the server that a test can
+/// cut (every connection through it closed, new ones refused) and heal:
+/// one router cut off from NATS while the others go on.
+pub struct Link {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>>,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Link {
+    /// Forwards a new port to `server`'s.
+    pub fn start(server: &NatsServer) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a link port");
+        l.set_nonblocking(true).expect("nonblocking accept");
+        let port = l.local_addr().expect("its address").port();
+        let to = server.port;
+        let link = Self {
+            port,
+            cut: Default::default(),
+            open: Default::default(),
+            done: Default::default(),
+        };
+        let (cut, open, done) = (link.cut.clone(), link.open.clone(), link.done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Relaxed) {
+                let Ok((c, _)) = l.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                if cut.load(Relaxed) {
+                    continue; // refused: dropped at once
+                }
+                let Ok(s) = TcpStream::connect(("127.0.0.1", to)) else {
+                    continue;
+                };
+                let _ = c.set_nonblocking(false);
+                let pipe = |mut from: TcpStream, mut to: TcpStream| {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                };
+                let mut o = open.lock().expect("the open list");
+                for x in [&c, &s] {
+                    if let Ok(x) = x.try_clone() {
+                        o.push(x);
+                    }
+                }
+                if let (Ok(c2), Ok(s2)) = (c.try_clone(), s.try_clone()) {
+                    pipe(c2, s);
+                    pipe(s2, c);
+                }
+            }
+        });
+        link
+    }
+
+    /// `nats://127.0.0.1:PORT` through the link.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Closes every connection through it and refuses new ones.
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+        for s in self.open.lock().expect("the open list").drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Lets connections through again.
+    pub fn heal(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.cut();
+    }
+}
