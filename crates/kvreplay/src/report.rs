@@ -300,7 +300,7 @@ fn table_sweep(o: &mut String, sw: &SweepResult) {
 fn stress_rows(o: &mut String, runs: &[StressResult]) {
     let _ = writeln!(
         o,
-        "  {:<10} {:>5} {:>9} {:>10} {:>10} {:>8} {:>15} {:>15} {:>9}",
+        "  {:<10} {:>5} {:>9} {:>10} {:>10} {:>8} {:>15} {:>12} {:>15} {:>9}",
         "index",
         "lanes",
         "window",
@@ -308,13 +308,14 @@ fn stress_rows(o: &mut String, runs: &[StressResult]) {
         "achieved/s",
         "kept up",
         "find p50/p99",
+        "queue p99",
         "apply p50/p99",
         "peak RSS"
     );
     for s in runs {
         let _ = writeln!(
             o,
-            "  {:<10} {:>5} {:>9} {:>10} {:>10} {:>8} {:>15} {:>15} {:>9}",
+            "  {:<10} {:>5} {:>9} {:>10} {:>10} {:>8} {:>15} {:>12} {:>15} {:>9}",
             s.index.name(),
             format!("{}e{}q", s.event_lanes, s.query_lanes),
             format!("{} ms", s.window_ms),
@@ -322,6 +323,7 @@ fn stress_rows(o: &mut String, runs: &[StressResult]) {
             si(s.achieved_ops_per_s),
             if s.kept_up { "yes" } else { "NO" },
             format!("{:.1}/{:.1} us", s.find_p50_us, s.find_p99_us),
+            format!("{:.1} us", s.find_queue_p99_us),
             format!("{:.1}/{:.1} us", s.apply_p50_us, s.apply_p99_us),
             mib(s.peak_rss_mib)
         );
