@@ -238,11 +238,16 @@ impl Applier {
     fn report(&self) {
         let svc = self.svc();
         let Some(n) = &svc.nats else { return };
-        let mut reported = n.state.workers.lock();
-        reported.clear();
-        for ((model, key), seen) in &self.seen {
-            let Some(s) = seen.last_seq else { continue };
-            reported.insert((model.clone(), *key), s);
+        let seqs: Vec<_> = self
+            .seen
+            .iter()
+            .filter_map(|(mk, seen)| Some((mk, seen.last_seq?)))
+            .collect();
+        *n.state.workers.lock() = seqs
+            .iter()
+            .map(|((m, k), s)| ((m.clone(), *k), *s))
+            .collect();
+        for ((model, key), s) in seqs {
             let w = svc
                 .models
                 .get(model)
