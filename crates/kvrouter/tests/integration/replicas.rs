@@ -79,6 +79,12 @@ fn publish(p: &mut Publisher, e: &mut Engine, exp: &Expect, rng: &mut u64, n: us
     last
 }
 
+/// `a` on a stream with room for a few dozen records: older ones go.
+fn small(mut a: RouterArgs) -> RouterArgs {
+    a.nats_max_bytes = 24 << 10;
+    a
+}
+
 struct Setup {
     srv: NatsServer,
     p: Publisher,
@@ -241,11 +247,6 @@ fn one_snapshot_writer_at_a_time_and_a_dead_ones_lease_passes_on() {
 #[test]
 fn a_replica_behind_the_streams_retention_keeps_no_stale_block() {
     let Some(mut s) = setup() else { return };
-    // Room for a few dozen records: older ones go.
-    let small = |mut a: RouterArgs| {
-        a.nats_max_bytes = 24 << 10;
-        a
-    };
     let relay = Router::start(small(relay_args(&s.srv, "relay", &s.p)));
     let a = Router::start(small(replica_args(&s.srv, "a", 10)));
     let seq = publish(&mut s.p, &mut s.e, &s.exp, &mut s.rng, 60);
@@ -276,10 +277,6 @@ fn a_replica_behind_the_streams_retention_keeps_no_stale_block() {
 #[test]
 fn a_replica_cut_off_past_the_retention_reloads_the_newest_snapshot() {
     let Some(mut s) = setup() else { return };
-    let small = |mut a: RouterArgs| {
-        a.nats_max_bytes = 24 << 10;
-        a
-    };
     let relay = Router::start(small(relay_args(&s.srv, "relay", &s.p)));
     // The snapshot writer, every 5 messages.
     let a = Router::start(small(replica_args(&s.srv, "a", 5)));
