@@ -23,8 +23,10 @@ fn main() {
     let ev = WireEvent::Stored {
         block_hashes: (0..blocks as u64).map(|i| i * 7919 + (1 << 40)).collect(),
         parent: Some(5),
-        token_ids: (0..blocks * 16)
-            .map(|i| (i * 37 % 150_000) as u32)
+        // Ids spread over a 150k vocabulary as real text's are: 1-, 3- and
+        // 5-byte encodings mixed at random.
+        token_ids: (0..blocks as u64 * 16)
+            .map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as u32 % 150_000)
             .collect(),
         block_size: 16,
         medium: Some("GPU".into()),

@@ -475,6 +475,65 @@ mod tests {
         }
     }
 
+    /// One integer in the msgpack form `form` picks (the minimal one or a
+    /// wider one, both valid), or another value's marker.
+    fn int_in_form(v: u64, form: u8) -> Vec<u8> {
+        match form {
+            0 if v < 0x80 => vec![v as u8],
+            1 if v <= 0xff => vec![0xcc, v as u8],
+            2 if v <= 0xffff => [&[0xcd][..], &(v as u16).to_be_bytes()].concat(),
+            3 if v <= 0xffff_ffff => [&[0xce][..], &(v as u32).to_be_bytes()].concat(),
+            4 => [&[0xcf][..], &v.to_be_bytes()].concat(),
+            5 => [&[0xd3][..], &v.to_be_bytes()].concat(),
+            6 => vec![0xff],          // -1
+            7 => vec![0xc0],          // nil
+            8 => vec![0xc4, 1, 0xab], // a one-byte bin
+            _ => rmp_value(v),
+        }
+    }
+
+    fn rmp_value(v: u64) -> Vec<u8> {
+        enc(&Value::from(v))
+    }
+
+    proptest! {
+        /// Token ids and block hashes in every integer form, minimal or
+        /// not, with other values among them, decode as the oracle decodes
+        /// them, whole and cut anywhere (the bulk readers stop 8 bytes
+        /// before the end and at any other marker).
+        #[test]
+        fn integers_in_every_form_equal_the_reference(
+            tokens in proptest::collection::vec((any::<u64>(), 0u8..10), 0..40),
+            hashes in proptest::collection::vec((any::<u64>(), 0u8..10), 0..12),
+            small in any::<bool>(),
+        ) {
+            let arr = |xs: &[(u64, u8)], small: bool| {
+                let mut b = vec![0xdc];
+                b.extend((xs.len() as u16).to_be_bytes());
+                for &(v, f) in xs {
+                    b.extend(int_in_form(if small { v % 150_000 } else { v }, f));
+                }
+                b
+            };
+            // ["BlockStored", hashes, nil, tokens, 4] in a batch.
+            let mut b = vec![0x92, 0xcb];
+            b.extend(1.0f64.to_be_bytes());
+            b.extend([0x91, 0x95]);
+            b.extend(enc(&Value::from("BlockStored")));
+            b.extend(arr(&hashes, false));
+            b.push(0xc0);
+            b.extend(arr(&tokens, small));
+            b.push(0x04);
+            for cut in (0..=b.len()).rev() {
+                let (fast, slow) = (decode_batch(&b[..cut]), reference::decode_batch(&b[..cut]));
+                match (fast, slow) {
+                    (Ok(f), Ok(s)) => prop_assert_eq!(f.events, s.events),
+                    (f, s) => prop_assert_eq!(f.is_ok(), s.is_ok(), "{:?} vs {:?}", f, s),
+                }
+            }
+        }
+    }
+
     #[test]
     fn bad_envelopes_are_errors() {
         let cases = [

@@ -252,6 +252,19 @@ fn queries_routes_and_their_errors() {
     let (s, v) = r.post_raw("/query", vec![b' '; 70_000]);
     assert_eq!(s, 413, "{v}");
     assert!(v["error"].is_string());
+    let q = br#"{"token_ids": [1], "model_name": "m"}"#.to_vec();
+    for ct in ["text/plain", "application/jsonx", "json"] {
+        let (s, v) = r.post_typed("/query", ct, q.clone());
+        assert_eq!(s, 415, "{ct}: {v}");
+        assert!(v["error"].as_str().unwrap().contains("application/json"));
+    }
+    for ct in [
+        "application/json; charset=utf-8",
+        "Application/JSON",
+        "application/x+json",
+    ] {
+        assert_eq!(r.post_typed("/query", ct, q.clone()).0, 200, "{ct}");
+    }
     for body in [
         json!({"model_name": "m"}),
         json!({"model_name": "m", "token_ids": [1], "block_hashes": [1]}),

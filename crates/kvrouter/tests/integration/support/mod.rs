@@ -253,10 +253,15 @@ impl Router {
 
     /// POST raw bytes as JSON.
     pub fn post_raw(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
+        self.post_typed(path, "application/json", body)
+    }
+
+    /// POSTs `body` with the given content type.
+    pub fn post_typed(&self, path: &str, content_type: &str, body: Vec<u8>) -> (u16, Value) {
         let r = self
             .http
             .post(self.url(path))
-            .header("content-type", "application/json")
+            .header("content-type", content_type)
             .body(body)
             .send()
             .expect("POST");
