@@ -15,7 +15,11 @@
 //!    polled with `/query`, says when everything is applied. Events and
 //!    block operations per second over that time; `/query` latency during
 //!    ingest; answers checked against a reference index.
-//! 2. **Memory**: resident set before and after, per million blocks held.
+//! 2. **Memory and apply lag**: a fresh process fed the stream at a fixed
+//!    rate (`--paced-rate`, default a third of what it sustained), with a
+//!    probe block sent into the next publisher's stream every 20 ms and
+//!    polled with `/query` until it shows (apply lag: sent to visible);
+//!    resident set before and after, per million blocks held.
 //! 3. **Query latency** at fixed offered rates on the loaded index
 //!    (`/query` for both, `/route` for ours).
 //!
@@ -65,6 +69,10 @@ struct Args {
     /// Only the memory phase, publishing at this many events per second.
     #[arg(long, value_name = "EVENTS_PER_S")]
     memory_only: Option<f64>,
+    /// Events per second of the paced phase (memory and apply lag);
+    /// default a third of the rate each target sustained.
+    #[arg(long, value_name = "EVENTS_PER_S")]
+    paced_rate: Option<f64>,
     #[command(flatten)]
     replay: arbor::ReplayArgs,
 }
@@ -331,19 +339,46 @@ fn connect(t: &Target, w: &Workload, ctx: &zmq::Context) -> Result<Vec<zmq::Sock
     Ok(socks)
 }
 
+/// Apply-lag probes: while a paced stream runs, a probe (one block at the
+/// root that nothing else stores) goes into the next publisher's stream
+/// every `PROBE_GAP`; a poller queries each until it shows.
+const PROBE_GAP: Duration = Duration::from_millis(20);
+
+/// A probe sent and not yet seen.
+struct Probe {
+    worker: u64,
+    tokens: Vec<u32>,
+    sent: Instant,
+}
+
+type Probes = Arc<std::sync::Mutex<Vec<Probe>>>;
+
 /// Publishes every stream round-robin, at most `rate` batches per second
-/// (`None`: as fast as ZMQ takes them); returns when all are sent.
-fn publish(w: &Workload, socks: &[zmq::Socket], rate: Option<f64>) -> Result<Duration> {
+/// (`None`: as fast as ZMQ takes them); returns when all are sent. With
+/// `probes`, sends apply-lag probes between the batches (each publisher's
+/// sequence numbers stay consecutive).
+fn publish(
+    w: &Workload,
+    socks: &[zmq::Socket],
+    rate: Option<f64>,
+    probes: Option<&Probes>,
+) -> Result<Duration> {
     let t0 = Instant::now();
     let longest = w.streams.iter().map(|s| s.batches.len()).max().unwrap_or(0);
-    let mut sent = 0u64;
-    for i in 0..longest {
-        for (s, p) in w.streams.iter().zip(socks) {
-            if let Some(b) = s.batches.get(i) {
-                p.send_multipart([&b""[..], &(i as u64).to_be_bytes()[..], &b[..]], 0)?;
-                sent += 1;
-            }
-        }
+    let mut seqs = vec![0u64; socks.len()];
+    let mut send = |k: usize, b: &[u8]| -> Result<()> {
+        socks[k].send_multipart([&b""[..], &seqs[k].to_be_bytes()[..], b], 0)?;
+        seqs[k] += 1;
+        Ok(())
+    };
+    let (mut sent, mut probed) = (0u64, 0u32);
+    let mut next_probe = t0 + PROBE_GAP;
+    for (i, k) in (0..longest).flat_map(|i| (0..socks.len()).map(move |k| (i, k))) {
+        let Some(b) = w.streams[k].batches.get(i) else {
+            continue;
+        };
+        // Paced per batch, not per round of all publishers: a probe must
+        // not queue behind a burst the pacing itself made.
         if let Some(r) = rate {
             let due = t0 + Duration::from_secs_f64(sent as f64 / r);
             let now = Instant::now();
@@ -351,8 +386,80 @@ fn publish(w: &Workload, socks: &[zmq::Socket], rate: Option<f64>) -> Result<Dur
                 std::thread::sleep(due - now);
             }
         }
+        send(k, b)?;
+        sent += 1;
+        if let Some(pending) = probes.filter(|_| Instant::now() >= next_probe) {
+            let k = probed as usize % socks.len();
+            let tokens = probe_tokens(probed);
+            let b = encode_batch(
+                0.0,
+                &[WireEvent::Stored {
+                    block_hashes: vec![u64::MAX - (1 << 20) - u64::from(probed)],
+                    parent: None,
+                    token_ids: tokens.clone(),
+                    block_size: BS as u64,
+                    medium: None,
+                    lora_name: None,
+                }],
+                None,
+            );
+            let sent_at = Instant::now();
+            send(k, &b)?;
+            pending.lock().expect("probes").push(Probe {
+                worker: w.streams[k].key.worker_id,
+                tokens,
+                sent: sent_at,
+            });
+            probed += 1;
+            next_probe += PROBE_GAP;
+        }
     }
     Ok(t0.elapsed())
+}
+
+/// Probe `p`'s tokens: above every token the streams and markers use.
+fn probe_tokens(p: u32) -> Vec<u32> {
+    (0..BS as u32)
+        .map(|j| 400_000 + p * BS as u32 + j)
+        .collect()
+}
+
+/// Queries every pending probe in turn until `stop`, then until none is
+/// left; returns each probe's apply lag (µs) and how many it saw.
+fn poll_probes(
+    base: String,
+    pending: Probes,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Result<(Histogram<u64>, u32)>> {
+    std::thread::spawn(move || {
+        let http = reqwest::blocking::Client::new();
+        let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).expect("bounds");
+        let mut seen = 0;
+        let t0 = Instant::now();
+        loop {
+            let now: Vec<(u64, Vec<u32>, Instant)> = pending
+                .lock()
+                .expect("probes")
+                .iter()
+                .map(|p| (p.worker, p.tokens.clone(), p.sent))
+                .collect();
+            if now.is_empty() && stop.load(Ordering::Relaxed) {
+                return Ok((h, seen));
+            }
+            if t0.elapsed() > Duration::from_secs(600) {
+                bail!("probes not seen after 600 s");
+            }
+            for (worker, tokens, sent) in now {
+                let v = query(&http, &base, "/query", &tokens)?;
+                if v["scores"][worker.to_string()]["0"].as_u64() == Some(BS as u64) {
+                    h.saturating_record(sent.elapsed().as_micros().max(1) as u64);
+                    seen += 1;
+                    pending.lock().expect("probes").retain(|p| p.sent != sent);
+                }
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    })
 }
 
 /// Waits until every stream's marker is visible (everything applied).
@@ -385,7 +492,7 @@ fn run_target(
     queries: &Arc<Vec<Vec<u32>>>,
 ) -> Result<()> {
     if let Some(rate) = args.memory_only {
-        return memory(name, bin, w, args, rate * 3.0);
+        return memory(name, bin, w, args, rate);
     }
     let t = start(name, bin, args.threads)?;
     let ctx = zmq::Context::new();
@@ -399,7 +506,7 @@ fn run_target(
         Arc::clone(&stop),
     );
     let t0 = Instant::now();
-    let published = publish(w, &socks, None)?;
+    let published = publish(w, &socks, None, None)?;
     let applied = wait_applied(&t, w, t0)?;
     stop.store(true, Ordering::Relaxed);
     let (during, errors) = loader.join().map_err(|_| anyhow::anyhow!("loader"))?;
@@ -467,11 +574,13 @@ fn run_target(
     }
     drop(socks);
     drop(t);
-    memory(name, bin, w, args, events_per_s)
+    let paced = args.paced_rate.unwrap_or(events_per_s / 3.0);
+    memory(name, bin, w, args, paced)
 }
 
-/// Memory: a fresh process fed at a third of the rate it sustained, so
-/// that no backlog of queued messages counts as index memory.
+/// Memory and apply lag: a fresh process fed at `events_per_s` (below
+/// what it sustains, so that no backlog of queued messages counts as
+/// index memory), with apply-lag probes.
 fn memory(
     name: &'static str,
     bin: &str,
@@ -484,15 +593,30 @@ fn memory(
     let socks = connect(&t, w, &ctx)?;
     let rss0 = rss_kib(t.child.id());
     let t0 = Instant::now();
-    publish(w, &socks, Some(events_per_s / 3.0))?;
+    let pending = Probes::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = poll_probes(t.base.clone(), Arc::clone(&pending), Arc::clone(&stop));
+    publish(w, &socks, Some(events_per_s), Some(&pending))?;
     wait_applied(&t, w, t0)?;
+    stop.store(true, Ordering::Relaxed);
+    let (lag, probes) = poller.join().map_err(|_| anyhow::anyhow!("poller"))??;
+    println!(
+        "{:6} apply lag at {:.0} events/s: p50 {:.2} ms p99 {:.2} ms max {:.2} ms ({} probes)",
+        t.name,
+        events_per_s,
+        ms(&lag, 0.5),
+        ms(&lag, 0.99),
+        lag.max() as f64 / 1000.0,
+        probes
+    );
     std::thread::sleep(Duration::from_millis(500));
     let rss1 = rss_kib(t.child.id());
     let blocks: usize = w
         .streams
         .iter()
         .map(|s| w.reference.worker_block_count(s.key) + 1)
-        .sum();
+        .sum::<usize>()
+        + probes as usize;
     println!(
         "{:6} memory: RSS {} -> {} KiB, {} blocks held: {:.1} MiB per million blocks ({:.0} bytes per block)",
         t.name,

@@ -5,11 +5,16 @@
 //! on the lane with the fewest; a worker lives on its lane for good, so
 //! its batches apply in order, and
 //! different workers apply in parallel (the index takes concurrent writers
-//! for different workers). A thread polls its workers' SUB sockets and the
-//! DEALER sockets of replays in progress, drains a bounded number of
-//! messages from each ready socket in turn (one busy or broken publisher
-//! cannot starve the rest), and carries out what the worker's
-//! [`Sequencer`] says.
+//! for different workers). A thread waits in epoll on the notification
+//! descriptors (`ZMQ_FD`) of its workers' SUB sockets and of the DEALER
+//! sockets of replays in progress, drains a bounded number of messages
+//! from each socket that may be ready in turn (one busy or broken
+//! publisher cannot starve the rest), and carries out what the worker's
+//! [`Sequencer`] says. ZMQ signals those descriptors on a change, not a
+//! level: a socket stays marked ready until a receive finds it empty and
+//! `ZMQ_EVENTS` agrees, and every [`SWEEP`] all sockets are looked at
+//! anyway, so a lost signal could delay a batch by that much, never drop
+//! it.
 //!
 //! Frames: live `[topic, seq, payload]` with `seq` 8 bytes big-endian.
 //! Replay: the router sends `["", start_seq]` to the engine's ROUTER and
@@ -77,6 +82,8 @@ impl Default for IngestConfig {
 const DRAIN_BUDGET: usize = 256;
 /// Longest a thread sleeps in poll, so commands are picked up.
 const IDLE_POLL: Duration = Duration::from_millis(10);
+/// How often every socket is looked at whether signalled or not.
+const SWEEP: Duration = Duration::from_millis(100);
 
 enum Cmd {
     Add(Box<Feed>),
@@ -112,6 +119,8 @@ impl Ingest {
             let (tx, rx) = crossbeam_channel::unbounded();
             let lane = Lane {
                 ctx: ctx.clone(),
+                registry: None,
+                next_id: 0,
                 cfg: Arc::clone(&cfg),
                 rx,
                 feeds: Vec::new(),
@@ -171,6 +180,9 @@ impl Ingest {
             check_endpoint(r)?;
         }
         let feed = Feed {
+            id: 0,
+            live_ready: true,
+            replay_ready: false,
             key: worker.spec.key,
             seq: Sequencer::new(
                 start,
@@ -264,6 +276,13 @@ struct Replay {
 }
 
 struct Feed {
+    /// The lane's number for it: its epoll tokens are `2 id` (live) and
+    /// `2 id + 1` (replay).
+    id: usize,
+    /// The SUB socket may hold messages (signalled, or not yet found empty).
+    live_ready: bool,
+    /// The same for the replay socket.
+    replay_ready: bool,
     key: WorkerKey,
     model: Arc<Model>,
     worker: Arc<Worker>,
@@ -280,6 +299,10 @@ struct Feed {
 
 struct Lane {
     ctx: zmq::Context,
+    /// Where the sockets' notification descriptors are registered.
+    registry: Option<mio::Registry>,
+    /// The next feed's id.
+    next_id: usize,
     cfg: Arc<IngestConfig>,
     rx: Receiver<Cmd>,
     feeds: Vec<Feed>,
@@ -292,18 +315,23 @@ struct Lane {
 
 impl Lane {
     fn run(mut self) {
-        let mut ready: Vec<(usize, bool)> = Vec::new();
+        let mut poll = match mio::Poll::new() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "an ingest thread cannot create its epoll instance");
+                return;
+            }
+        };
+        self.registry = poll.registry().try_clone().ok();
+        let mut events = mio::Events::with_capacity(1024);
+        let mut swept = Instant::now();
         loop {
             if self.stop.load(Relaxed) {
                 break;
             }
             loop {
                 match self.rx.try_recv() {
-                    Ok(Cmd::Add(f)) => {
-                        self.feeds
-                            .retain(|x| x.key != f.key || x.model.name != f.model.name);
-                        self.feeds.push(*f);
-                    }
+                    Ok(Cmd::Add(f)) => self.add(*f),
                     Ok(Cmd::Remove(k, m, done)) => {
                         let replays = &self.replays;
                         self.feeds.retain_mut(|x| {
@@ -325,7 +353,7 @@ impl Lane {
             self.start_wanted_replays();
             if self.feeds.is_empty() {
                 match self.rx.recv_timeout(IDLE_POLL) {
-                    Ok(Cmd::Add(f)) => self.feeds.push(*f),
+                    Ok(Cmd::Add(f)) => self.add(*f),
                     Ok(Cmd::Remove(_, _, done)) => {
                         let _ = done.send(());
                     }
@@ -334,33 +362,41 @@ impl Lane {
                 }
                 continue;
             }
-            ready.clear();
-            {
-                let mut items = Vec::with_capacity(self.feeds.len() + 4);
-                let mut map = Vec::with_capacity(self.feeds.len() + 4);
-                for (i, f) in self.feeds.iter().enumerate() {
-                    items.push(f.sub.as_poll_item(zmq::POLLIN));
-                    map.push((i, false));
-                    if let Some(r) = &f.replay {
-                        items.push(r.socket.as_poll_item(zmq::POLLIN));
-                        map.push((i, true));
-                    }
-                }
-                let timeout = IDLE_POLL.as_millis() as i64;
-                if zmq::poll(&mut items, timeout).is_err() {
-                    continue;
-                }
-                for (it, m) in items.iter().zip(map) {
-                    if it.is_readable() {
-                        ready.push(m);
+            let busy = self.feeds.iter().any(|f| f.live_ready || f.replay_ready);
+            let wait = if busy { Duration::ZERO } else { IDLE_POLL };
+            if poll.poll(&mut events, Some(wait)).is_ok() {
+                for ev in events.iter() {
+                    let (id, replay) = (ev.token().0 / 2, ev.token().0 % 2 == 1);
+                    // A removed feed's socket may still signal: no feed.
+                    if let Some(f) = self.feeds.iter_mut().find(|f| f.id == id) {
+                        if replay {
+                            f.replay_ready = f.replay.is_some();
+                        } else {
+                            f.live_ready = true;
+                        }
                     }
                 }
             }
-            for &(i, is_replay) in &ready {
-                if is_replay {
-                    self.drain_replay(i);
-                } else {
-                    self.drain_live(i);
+            if swept.elapsed() >= SWEEP {
+                swept = Instant::now();
+                for f in &mut self.feeds {
+                    f.live_ready = true;
+                    f.replay_ready = f.replay.is_some();
+                }
+            }
+            for i in 0..self.feeds.len() {
+                if self.feeds[i].live_ready {
+                    let more = self.drain_live(i);
+                    let f = &mut self.feeds[i];
+                    f.live_ready = more || has_input(&f.sub);
+                }
+                if self.feeds[i].replay_ready {
+                    let more = self.drain_replay(i);
+                    let f = &mut self.feeds[i];
+                    f.replay_ready = match &f.replay {
+                        Some(r) => more || has_input(&r.socket),
+                        None => false,
+                    };
                 }
             }
             self.expire_replays();
@@ -373,11 +409,40 @@ impl Lane {
         }
     }
 
-    fn drain_live(&mut self, i: usize) {
+    /// Takes on a feed (replacing one of the same worker and model).
+    fn add(&mut self, mut f: Feed) {
+        self.feeds
+            .retain(|x| x.key != f.key || x.model.name != f.model.name);
+        f.id = self.next_id;
+        self.next_id += 1;
+        f.live_ready = true;
+        self.watch(&f.sub, 2 * f.id);
+        self.feeds.push(f);
+    }
+
+    /// Registers `s`'s notification descriptor under `token`. Should that
+    /// fail, the socket is still looked at every [`SWEEP`].
+    fn watch(&self, s: &zmq::Socket, token: usize) {
+        let Some(reg) = &self.registry else { return };
+        let r = s.get_fd().map_err(std::io::Error::from).and_then(|fd| {
+            reg.register(
+                &mut mio::unix::SourceFd(&fd),
+                mio::Token(token),
+                mio::Interest::READABLE,
+            )
+        });
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "a ZMQ socket's descriptor could not be watched");
+        }
+    }
+
+    /// Reads up to [`DRAIN_BUDGET`] live messages; true if it read that
+    /// many (more may wait).
+    fn drain_live(&mut self, i: usize) -> bool {
         for _ in 0..DRAIN_BUDGET {
             let f = &mut self.feeds[i];
             let Some(frames) = recv_frames(&f.sub) else {
-                return;
+                return false;
             };
             let st = &f.worker.status;
             st.batches.fetch_add(1, Relaxed);
@@ -399,14 +464,17 @@ impl Lane {
             let steps = f.seq.live(seq, payload);
             self.carry_out(i, steps);
         }
+        true
     }
 
-    fn drain_replay(&mut self, i: usize) {
+    /// Reads up to [`DRAIN_BUDGET`] replayed messages; true if it read
+    /// that many and the replay goes on.
+    fn drain_replay(&mut self, i: usize) -> bool {
         for _ in 0..DRAIN_BUDGET {
             let f = &mut self.feeds[i];
-            let Some(r) = &f.replay else { return };
+            let Some(r) = &f.replay else { return false };
             let Some(frames) = recv_frames(&r.socket) else {
-                return;
+                return false;
             };
             // ["", seq, payload] or ["", topic, seq, payload]
             let (seq, payload) = match frames.len() {
@@ -422,7 +490,7 @@ impl Lane {
             let raw = i64::from_be_bytes(seq[..].try_into().unwrap_or([0; 8]));
             if raw == -1 {
                 self.finish_replay(i, false);
-                return;
+                return false;
             }
             if raw < 0 {
                 self.feeds[i]
@@ -439,6 +507,7 @@ impl Lane {
             let steps = self.feeds[i].seq.replayed(seq, payload);
             self.carry_out(i, steps);
         }
+        self.feeds[i].replay.is_some()
     }
 
     fn finish_replay(&mut self, i: usize, timed_out: bool) {
@@ -516,10 +585,15 @@ impl Lane {
         match started {
             Ok(socket) => {
                 tracing::info!(worker = ?f.key, from, "replay requested");
+                let token = 2 * f.id + 1;
+                f.replay_ready = true;
                 f.replay = Some(Replay {
                     socket,
                     deadline: Instant::now() + self.cfg.replay_timeout,
                 });
+                if let Some(r) = &self.feeds[i].replay {
+                    self.watch(&r.socket, token);
+                }
             }
             Err(e) => {
                 // Counts as a replay that returned nothing.
@@ -581,6 +655,12 @@ const MAX_FRAMES: usize = 8;
 
 /// One whole multipart message, its frames received without copying;
 /// `None` when nothing is waiting.
+/// The socket holds a message to read (`ZMQ_EVENTS`, which also takes in
+/// what its descriptor signalled).
+fn has_input(s: &zmq::Socket) -> bool {
+    s.get_events().is_ok_and(|e| e.contains(zmq::POLLIN))
+}
+
 fn recv_frames(s: &zmq::Socket) -> Option<Vec<zmq::Message>> {
     let first = s.recv_msg(zmq::DONTWAIT).ok()?;
     let mut more = first.get_more();

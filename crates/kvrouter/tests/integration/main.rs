@@ -4,6 +4,7 @@
 
 mod gateway;
 mod http;
+mod ingest;
 mod publisher;
 mod replicas;
 mod support;
