@@ -201,7 +201,8 @@ impl Service {
             nats,
             args,
         });
-        if let Some(n) = &svc.nats {
+        // A relay-only router applies nothing: no applier, no snapshot.
+        if let Some(n) = svc.nats.as_ref().filter(|_| !svc.args.nats_relay_only) {
             let mut a = crate::replica::apply::Applier::new();
             a.bind(Arc::clone(&svc));
             if let Some(snap) = n.initial.lock().take() {

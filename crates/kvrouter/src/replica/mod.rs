@@ -230,7 +230,6 @@ impl Nats {
     /// Starts the relay publisher, the consumer and the lease keeper for
     /// `svc` (built with this link). Returns their tasks.
     pub fn start(self: &Arc<Self>, svc: &Arc<crate::Service>) -> Vec<tokio::task::JoinHandle<()>> {
-        let applier = self.applier.lock().take().unwrap_or_default();
         let mut tasks = Vec::new();
         if let Some(rx) = self.relay_rx.lock().take() {
             tasks.push(tokio::spawn(relay::publish_loop(Arc::clone(self), rx)));
@@ -239,6 +238,7 @@ impl Nats {
         if self.args.nats_relay_only {
             return tasks;
         }
+        let applier = self.applier.lock().take().unwrap_or_default();
         let (snap_tx, snap_rx) = tokio::sync::mpsc::channel(1);
         // A replica that writes no snapshots does not compete for the lease.
         if self.args.nats_snapshot_every > 0 {
