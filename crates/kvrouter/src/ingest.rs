@@ -367,8 +367,11 @@ impl Lane {
             if poll.poll(&mut events, Some(wait)).is_ok() {
                 for ev in events.iter() {
                     let (id, replay) = (ev.token().0 / 2, ev.token().0 % 2 == 1);
-                    // A removed feed's socket may still signal: no feed.
-                    if let Some(f) = self.feeds.iter_mut().find(|f| f.id == id) {
+                    // Feeds stay in the order of their ids (pushed with the
+                    // next id, removed in place). A removed feed's socket
+                    // may still signal: no feed.
+                    let at = self.feeds.binary_search_by_key(&id, |f| f.id);
+                    if let Some(f) = at.ok().map(|i| &mut self.feeds[i]) {
                         if replay {
                             f.replay_ready = f.replay.is_some();
                         } else {
