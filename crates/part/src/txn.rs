@@ -357,7 +357,7 @@ impl<V: Clone> Txn<V> {
             // The usual node of a large transaction first, in one step.
             if let Some((step, d)) = flat_step(slot, key, depth) {
                 let b = key[d];
-                let old = match step {
+                match step {
                     Flat::Descend => {
                         let (here, node) = crate::finger::pin(slot);
                         parent = (!is_root).then_some((here, depth));
@@ -374,31 +374,50 @@ impl<V: Clone> Txn<V> {
                         }
                         return Ok(None);
                     }
-                    Flat::Replace => replace_flat(rec, slot, b, key, f),
-                    Flat::ReplaceBorrowed => replace_flat_borrowed(rec, slot, b, key, f),
-                };
+                    Flat::Replace => {
+                        let (here, node) = crate::finger::pin(slot);
+                        let old = replace_flat(rec, node, b, key, f);
+                        if !is_root {
+                            finger.set(here, key, depth);
+                        }
+                        return Ok(Some(old));
+                    }
+                    Flat::ReplaceBorrowed => {
+                        let old = replace_flat_borrowed(rec, slot, b, key, f);
+                        if !is_root {
+                            finger.set(NonNull::from(slot), key, depth);
+                        }
+                        return Ok(Some(old));
+                    }
+                }
+            }
+            // Where does the key leave the path through this node?
+            let split = match slot.kind() {
+                Kind::Leaf(l) => {
+                    if l.h.bytes.eq_key(key) {
+                        let old = replace_leaf(rec, slot, key, f, is_root);
+                        if let Some((p, d)) = parent {
+                            finger.set(p, key, d);
+                        }
+                        return Ok(Some(old));
+                    }
+                    Some(common_prefix(&l.h.bytes[depth..], &key[depth..]))
+                }
+                _ if crate::bytes::starts_with(&key[depth..], slot.bytes()) => None,
+                _ => Some(common_prefix(slot.bytes(), &key[depth..])),
+            };
+            if let Some(cp) = split {
+                // A new inner node takes the common part; the old node and
+                // the new leaf hang below it.
+                let mut inner = Child::empty_inner(&key[depth..depth + cp]);
+                inner.place(depth + cp, Child::leaf(key, f(None)));
+                let old = std::mem::replace(slot, inner);
+                hang_split_off(rec, slot, old, depth + cp, cp, is_root);
+                self.len += 1;
                 if !is_root {
                     finger.set(NonNull::from(slot), key, depth);
                 }
-                return Ok(Some(old));
-            }
-            match leaves_at(slot, key, depth) {
-                Leaves::AtThisLeaf => {
-                    let old = replace_leaf(rec, slot, key, f, is_root);
-                    if let Some((p, d)) = parent {
-                        finger.set(p, key, d);
-                    }
-                    return Ok(Some(old));
-                }
-                Leaves::Inside(cp) => {
-                    split_segment(rec, slot, key, depth, cp, f, is_root);
-                    self.len += 1;
-                    if !is_root {
-                        finger.set(NonNull::from(slot), key, depth);
-                    }
-                    return Ok(None);
-                }
-                Leaves::Below => {}
+                return Ok(None);
             }
             if is_root && self.len == 0 && !rec.all {
                 first_key_as_root(rec, slot, key, f);
@@ -719,34 +738,6 @@ fn flat_step<V>(slot: &mut Child<V>, key: &[u8], depth: usize) -> Option<(Flat, 
     Some((step, d))
 }
 
-/// Where a key being written leaves the path at a node (see
-/// [`leaves_at`]).
-enum Leaves {
-    /// The node is the key's own leaf.
-    AtThisLeaf,
-    /// The key parts from the node's segment (or from another key's leaf)
-    /// after this many bytes: the node must be split there.
-    Inside(usize),
-    /// The key runs through the whole segment: the write goes below.
-    Below,
-}
-
-/// Where `key`, matched up to `depth`, leaves the path through the node in
-/// `slot`.
-#[inline(always)]
-fn leaves_at<V>(slot: &Child<V>, key: &[u8], depth: usize) -> Leaves {
-    match slot.kind() {
-        Kind::Leaf(l) => {
-            if l.h.bytes.eq_key(key) {
-                return Leaves::AtThisLeaf;
-            }
-            Leaves::Inside(common_prefix(&l.h.bytes[depth..], &key[depth..]))
-        }
-        _ if crate::bytes::starts_with(&key[depth..], slot.bytes()) => Leaves::Below,
-        _ => Leaves::Inside(common_prefix(slot.bytes(), &key[depth..])),
-    }
-}
-
 /// Adds the leaf of `key` under byte `b` of the private flat node256 in
 /// `slot` ([`Flat::Add`]).
 #[inline(always)]
@@ -792,29 +783,24 @@ fn replace_flat_borrowed<V: Clone, F: FnOnce(Option<&V>) -> V>(
     old
 }
 
-/// Splits the node in `slot` after `cp` bytes of its segment (from
-/// `depth`): a new inner node takes the common part, and the old node and
-/// the new leaf for `key` hang below it.
+/// Hangs `old`, the node a split at `at` (`cp` bytes into its segment)
+/// took out of `slot`, below the new inner node now in `slot`.
 #[inline(never)]
-fn split_segment<V: Clone, F: FnOnce(Option<&V>) -> V>(
+fn hang_split_off<V: Clone>(
     rec: &mut Recorder<V>,
     slot: &mut Child<V>,
-    key: &[u8],
-    depth: usize,
+    mut old: Child<V>,
+    at: usize,
     cp: usize,
-    f: F,
     is_root: bool,
 ) {
-    let mut inner = Child::empty_inner(&key[depth..depth + cp]);
-    inner.place(depth + cp, Child::leaf(key, f(None)));
-    let mut old = std::mem::replace(slot, inner);
     if !old.is_leaf() {
         // A root split off is superseded: its watch must fire even when
         // only the root is watched. Any other keeps its contents: its watch
         // carries on.
         let below = crate::bytes::small(old.bytes().get(cp..).unwrap_or_default());
         if !is_root {
-            rec.moved(&mut old, depth + cp, below);
+            rec.moved(&mut old, at, below);
         } else if rec.all && !old.is_unique() {
             rec.split_root(&mut old, cp, below);
         } else {
@@ -829,9 +815,9 @@ fn split_segment<V: Clone, F: FnOnce(Option<&V>) -> V>(
         // closing the watch is enough.
         rec.nodes.push(old.clone());
     } else if rec.all {
-        rec.push_down(&mut old, depth + cp);
+        rec.push_down(&mut old, at);
     }
-    slot.place(depth + cp, old);
+    slot.place(at, old);
 }
 
 /// The first key of a tree with root-only watches becomes its root: a
