@@ -16,11 +16,8 @@ use smallvec::SmallVec;
 use crate::index::{AnyIndex, Index};
 use crate::key::KeyLayout;
 use crate::metrics::{TableMetrics, Timings};
-#[cfg(not(feature = "arc-swap-root"))]
-use crate::publish::RootCell;
-#[cfg(feature = "arc-swap-root")]
-use crate::publish_arc_swap::RootCell;
 use crate::reclaim::{new_roots, recycle, thread_tag, Mailbox, MAILBOXES};
+use crate::root::RootCell;
 use crate::table::{
     AnyTable, Finished, Storable, Table, TableInner, TableMeta, TableRoot, WriterState,
 };

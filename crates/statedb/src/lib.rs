@@ -74,18 +74,12 @@ mod init;
 mod key;
 mod metrics;
 mod object;
-// The published root: `publish.rs`'s `RootCell`, or with the
-// `arc-swap-root` feature arc-swap's (`publish.rs`'s cell is then built
-// for its tests only; its `PublishedRoot` is used either way).
+// A table's published root by address: the crate's only unsafe code.
 #[allow(unsafe_code)]
-#[cfg_attr(feature = "arc-swap-root", allow(dead_code))]
-mod publish;
-// Built for the unit tests too: both cells pass the same contract tests.
-#[cfg(any(test, feature = "arc-swap-root"))]
-#[cfg_attr(not(feature = "arc-swap-root"), allow(dead_code))]
-mod publish_arc_swap;
+mod published;
 mod read;
 mod reclaim;
+mod root;
 mod table;
 mod txn;
 mod wait;

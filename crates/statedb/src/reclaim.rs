@@ -14,7 +14,7 @@
 //! reference-counted (`triomphe::Arc`); a vector is emptied in place only
 //! through `try_unique`, which succeeds only while no other reference
 //! exists, and the swap that superseded it has by then paid every reader
-//! that had loaded it (`publish.rs`), so no reader can take a new
+//! that had loaded it (`root.rs`), so no reader can take a new
 //! reference. Thread tags and mailboxes choose only which thread drops the
 //! last reference, never whether it is the last.
 
@@ -83,7 +83,7 @@ pub(crate) fn recycle(old: SharedRoots) {
     // `try_unique` loads the count with Acquire: the readers' releases
     // (Release decrements) happen before the contents are dropped. The
     // swap that superseded it paid the readers' slots that held it
-    // (`publish.rs`), so no reader can still be between its load and its
+    // (`root.rs`), so no reader can still be between its load and its
     // increment.
     if let Ok(mut u) = triomphe::Arc::try_unique(old) {
         *u = Roots::default();

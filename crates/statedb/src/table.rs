@@ -16,7 +16,7 @@ use crate::index::{AnyIndex, KeyBuf};
 use crate::key::{expand, rev_key, stored, stored_len, Key, KeyLayout};
 use crate::metrics::TableMetrics;
 use crate::object::Object;
-use crate::publish::PublishedRoot;
+use crate::published::PublishedRoot;
 use crate::txn::WriteTxn;
 use crate::{Error, Result, Revision};
 use crossbeam_utils::CachePadded;
