@@ -80,6 +80,17 @@ impl<'a, T: Storable, X: TxnRead + 'a> std::fmt::Debug for TableRead<'a, T, X> {
     }
 }
 
+/// The error of a checked query given an index of another table (out of
+/// line: its two strings kept off the query's path).
+#[cold]
+#[inline(never)]
+fn index_not_in_table(index: &str, table: &str) -> Error {
+    Error::IndexNotInTable {
+        index: index.to_string(),
+        table: table.to_string(),
+    }
+}
+
 /// The panic of a [`TableRead`] query given an index of another table.
 #[cold]
 #[inline(never)]
@@ -341,10 +352,7 @@ impl<T: Storable> Table<T> {
     fn pos<K>(&self, idx: &Index<T, K>) -> Result<usize> {
         match idx.any().inner.slot.get() {
             Some(&(uid, pos, _)) if uid == self.inner.uid() => Ok(pos),
-            _ => Err(Error::IndexNotInTable {
-                index: idx.name().to_string(),
-                table: self.name().to_string(),
-            }),
+            _ => Err(index_not_in_table(idx.name(), self.name())),
         }
     }
 

@@ -68,12 +68,35 @@ pub(crate) fn root_of<'a, T: Storable>(
     meta: &TableMeta,
 ) -> Result<&'a TableRoot<T>> {
     if meta.db_uid != db_uid {
-        return Err(Error::ForeignTable(meta.name.clone()));
+        return Err(foreign_table(meta));
     }
-    roots
+    match roots
         .get(meta.id)
         .and_then(|r| r.downcast_ref::<TableRoot<T>>())
-        .ok_or_else(|| Error::TableNotInSnapshot(meta.name.clone()))
+    {
+        Some(r) => Ok(r),
+        None => Err(table_not_in_snapshot(meta)),
+    }
+}
+
+/// The errors of a table handle a transaction cannot read or write, out
+/// of line: their strings kept off every query's and write's path.
+#[cold]
+#[inline(never)]
+fn foreign_table(meta: &TableMeta) -> Error {
+    Error::ForeignTable(meta.name.clone())
+}
+
+#[cold]
+#[inline(never)]
+fn table_not_in_snapshot(meta: &TableMeta) -> Error {
+    Error::TableNotInSnapshot(meta.name.clone())
+}
+
+#[cold]
+#[inline(never)]
+fn table_not_locked(meta: &TableMeta) -> Error {
+    Error::TableNotLocked(meta.name.clone())
 }
 
 /// A per-thread source of read transactions for hot loops: each
@@ -272,10 +295,12 @@ impl WriteTxn<'_> {
             return Err(Error::Poisoned);
         }
         if meta.db_uid != self.db.uid {
-            return Err(Error::ForeignTable(meta.name.clone()));
+            return Err(foreign_table(meta));
         }
-        self.find(meta)
-            .ok_or_else(|| Error::TableNotLocked(meta.name.clone()))
+        match self.find(meta) {
+            Some(i) => Ok(i),
+            None => Err(table_not_locked(meta)),
+        }
     }
 
     /// Creates the write state of `locked[i]` if this is its first write.
@@ -313,7 +338,7 @@ impl WriteTxn<'_> {
             Some(b) => root_of::<T>(db.uid, b, meta)?,
             None => (published.get())
                 .and_then(|r| r.downcast_ref::<TableRoot<T>>())
-                .ok_or_else(|| Error::TableNotInSnapshot(meta.name.clone()))?,
+                .ok_or_else(|| table_not_in_snapshot(meta))?,
         };
         let mut state = TableTxn::<T>::new_boxed(root, keys, track_deletes, meta.layout);
         // A wanted revision index the table lacks is built from the whole
