@@ -74,7 +74,8 @@ mod init;
 mod key;
 mod metrics;
 mod object;
-// A table's published root by address: the crate's only unsafe code.
+// A table's published root by address: the crate's only unsafe type (its
+// `set` is called, under the table's lock, in db.rs and txn.rs).
 #[allow(unsafe_code)]
 mod published;
 mod read;
