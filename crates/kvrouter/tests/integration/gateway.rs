@@ -273,6 +273,22 @@ fn register(r: &Router, id: u64, url: &str) {
     assert_eq!(s, 201, "{v}");
 }
 
+/// A gateway (flags from [`gw_args`], then `edit`) with a worker per
+/// engine URL, ids 1, 2, ... in order.
+fn gateway(
+    tok: &Path,
+    urls: &[impl AsRef<str>],
+    edit: impl FnOnce(&mut kvrouter::RouterArgs),
+) -> Router {
+    let mut a = gw_args(tok);
+    edit(&mut a);
+    let r = Router::start(a);
+    for (i, url) in urls.iter().enumerate() {
+        register(&r, i as u64 + 1, url.as_ref());
+    }
+    r
+}
+
 fn client() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
         .no_proxy()
@@ -354,8 +370,7 @@ fn metric(r: &Router, prefix: &str) -> Option<f64> {
 fn completions_and_chat_pass_through_unchanged_and_route_on_the_engines_tokens() {
     let (_d, tok) = model_dir();
     let e = Engine::start(Mode::Json);
-    let r = Router::start(gw_args(&tok));
-    register(&r, 1, &e.url);
+    let r = gateway(&tok, &[&e.url], |_| {});
     // Spacing, key order and number forms as the client wrote them.
     let body = format!(
         r#"{{ "model":"m",  "prompt": "{}", "max_tokens": 2, "extra": {{"x": [1, 2.50]}} }}"#,
@@ -403,8 +418,7 @@ fn streams_are_relayed_as_they_come_and_accounted_from_route_to_end() {
         n: 6,
         gap: Duration::from_millis(300),
     });
-    let r = Router::start(gw_args(&tok));
-    register(&r, 1, &e.url);
+    let r = gateway(&tok, &[&e.url], |_| {});
     let url = r.url("/v1/completions");
     // 1 + 39 tokens: 10 blocks to prefill.
     let body = json!({"model": "m", "prompt": words(100, 39), "stream": true});
@@ -461,8 +475,7 @@ fn a_client_that_leaves_cancels_the_engines_request() {
         n: 200,
         gap: Duration::from_millis(30),
     });
-    let r = Router::start(gw_args(&tok));
-    register(&r, 1, &e.url);
+    let r = gateway(&tok, &[&e.url], |_| {});
     let mut resp = client()
         .post(r.url("/v1/completions"))
         .json(&json!({"model": "m", "prompt": words(0, 9), "stream": true}))
@@ -490,14 +503,14 @@ fn failover_past_refused_503_and_429_engines() {
     let e503 = Engine::start(Mode::Status(503));
     let e429 = Engine::start(Mode::Status(429));
     let ok = Engine::start(Mode::Json);
-    let mut a = gw_args(&tok);
-    a.max_retries = 3;
-    a.breaker_failures = 100;
-    let r = Router::start(a);
-    register(&r, 1, &refused_url());
-    register(&r, 2, &e503.url);
-    register(&r, 3, &e429.url);
-    register(&r, 4, &ok.url);
+    let r = gateway(
+        &tok,
+        &[&refused_url(), &e503.url, &e429.url, &ok.url],
+        |a| {
+            a.max_retries = 3;
+            a.breaker_failures = 100;
+        },
+    );
     let before = metric(&r, "kvrouter_gateway_retries_total").unwrap_or(0.0);
     for i in 0..6 {
         let (s, v) = completion(&r, &json!({"model": "m", "prompt": words(10 * i, 8)}));
@@ -518,12 +531,8 @@ fn failover_past_refused_503_and_429_engines() {
 fn retries_are_bounded_and_the_last_engine_error_goes_back() {
     let (_d, tok) = model_dir();
     let bad: Vec<Engine> = (0..3).map(|_| Engine::start(Mode::Status(503))).collect();
-    let mut a = gw_args(&tok);
-    a.max_retries = 1;
-    let r = Router::start(a);
-    for (i, e) in bad.iter().enumerate() {
-        register(&r, i as u64 + 1, &e.url);
-    }
+    let urls: Vec<&str> = bad.iter().map(|e| e.url.as_str()).collect();
+    let r = gateway(&tok, &urls, |a| a.max_retries = 1);
     let (s, v) = completion(&r, &json!({"model": "m", "prompt": "t1 t2"}));
     assert_eq!(s, 503, "{v}");
     assert_eq!(
@@ -532,12 +541,8 @@ fn retries_are_bounded_and_the_last_engine_error_goes_back() {
     );
     assert_eq!(bad.iter().map(Engine::requests).sum::<usize>(), 2);
     // Nothing reachable at all: the gateway's own 503, after one try each.
-    let mut a = gw_args(&tok);
-    a.max_retries = 5;
-    let r = Router::start(a);
-    for id in 1..=3 {
-        register(&r, id, &refused_url());
-    }
+    let refused: Vec<String> = (0..3).map(|_| refused_url()).collect();
+    let r = gateway(&tok, &refused, |a| a.max_retries = 5);
     let t = Instant::now();
     openai_error(
         completion(&r, &json!({"model": "m", "prompt": "t1 t2"})),
@@ -553,10 +558,9 @@ fn retries_are_bounded_and_the_last_engine_error_goes_back() {
         n: 0,
         gap: Duration::from_millis(10),
     });
-    let mut a = gw_args(&tok);
-    a.max_retries = 0;
-    let r = Router::start(a);
-    register(&r, 1, &broken.url);
+    let r = gateway(&tok, &[&broken.url], |a| {
+        a.max_retries = 0;
+    });
     openai_error(
         completion(&r, &json!({"model": "m", "prompt": "t1"})),
         502,
@@ -565,11 +569,9 @@ fn retries_are_bounded_and_the_last_engine_error_goes_back() {
     // An engine's 4xx is the client's answer: passed on, no failover.
     let e400 = Engine::start(Mode::Status(400));
     let ok = Engine::start(Mode::Json);
-    let mut a = gw_args(&tok);
-    a.policy = kvroute::PolicyKind::RoundRobin;
-    let r = Router::start(a);
-    register(&r, 1, &e400.url);
-    register(&r, 2, &ok.url);
+    let r = gateway(&tok, &[&e400.url, &ok.url], |a| {
+        a.policy = kvroute::PolicyKind::RoundRobin;
+    });
     let (s, v) = completion(&r, &json!({"model": "m", "prompt": "t1"}));
     assert_eq!(
         (s, &v["error"]["message"]),
@@ -586,12 +588,10 @@ fn no_failover_once_the_first_byte_went_out() {
         gap: Duration::from_millis(50),
     });
     let ok = Engine::start(Mode::Json);
-    let mut a = gw_args(&tok);
-    // Round robin starts at the first worker: the broken engine.
-    a.policy = kvroute::PolicyKind::RoundRobin;
-    let r = Router::start(a);
-    register(&r, 1, &broken.url);
-    register(&r, 2, &ok.url);
+    let r = gateway(&tok, &[&broken.url, &ok.url], |a| {
+        // Round robin starts at the first worker: the broken engine.
+        a.policy = kvroute::PolicyKind::RoundRobin;
+    });
     let mut resp = client()
         .post(r.url("/v1/completions"))
         .json(&json!({"model": "m", "prompt": "t1", "stream": true}))
@@ -622,12 +622,11 @@ fn no_failover_once_the_first_byte_went_out() {
 fn the_breaker_opens_after_failures_and_half_opens_after_the_cooldown() {
     let (_d, tok) = model_dir();
     let e = Engine::start(Mode::Status(500));
-    let mut a = gw_args(&tok);
-    a.max_retries = 0;
-    a.breaker_failures = 2;
-    a.breaker_cooldown = Duration::from_millis(1500);
-    let r = Router::start(a);
-    register(&r, 1, &e.url);
+    let r = gateway(&tok, &[&e.url], |a| {
+        a.max_retries = 0;
+        a.breaker_failures = 2;
+        a.breaker_cooldown = Duration::from_millis(1500);
+    });
     let req = || completion(&r, &json!({"model": "m", "prompt": "t1 t2 t3"}));
     let gauge = format!("kvrouter_gateway_breaker_open{{worker=\"{}\"}}", e.url);
     for _ in 0..2 {
@@ -662,12 +661,10 @@ fn health_checks_take_a_sick_engine_out_until_it_recovers() {
     let sick = Engine::start(Mode::Json);
     let well = Engine::start(Mode::Json);
     sick.st.health.store(503, SeqCst);
-    let mut a = gw_args(&tok);
-    a.health_interval = Duration::from_millis(100);
-    a.policy = kvroute::PolicyKind::RoundRobin;
-    let r = Router::start(a);
-    register(&r, 1, &sick.url);
-    register(&r, 2, &well.url);
+    let r = gateway(&tok, &[&sick.url, &well.url], |a| {
+        a.health_interval = Duration::from_millis(100);
+        a.policy = kvroute::PolicyKind::RoundRobin;
+    });
     let healthy = format!("kvrouter_gateway_engine_healthy{{worker=\"{}\"}}", sick.url);
     wait_until("the health check", Duration::from_secs(5), || {
         metric(&r, &healthy) == Some(0.0)
@@ -696,11 +693,10 @@ fn health_checks_take_a_sick_engine_out_until_it_recovers() {
 fn first_byte_and_whole_request_timeouts() {
     let (_d, tok) = model_dir();
     let hang = Engine::start(Mode::Hang);
-    let mut a = gw_args(&tok);
-    a.first_byte_timeout = Duration::from_millis(400);
-    a.max_retries = 0;
-    let r = Router::start(a);
-    register(&r, 1, &hang.url);
+    let r = gateway(&tok, &[&hang.url], |a| {
+        a.first_byte_timeout = Duration::from_millis(400);
+        a.max_retries = 0;
+    });
     let t = Instant::now();
     openai_error(
         completion(&r, &json!({"model": "m", "prompt": "t1"})),
@@ -718,10 +714,9 @@ fn first_byte_and_whole_request_timeouts() {
         n: 40,
         gap: Duration::from_millis(100),
     });
-    let mut a = gw_args(&tok);
-    a.request_timeout = Duration::from_millis(700);
-    let r = Router::start(a);
-    register(&r, 1, &slow.url);
+    let r = gateway(&tok, &[&slow.url], |a| {
+        a.request_timeout = Duration::from_millis(700);
+    });
     let t = Instant::now();
     let mut resp = client()
         .post(r.url("/v1/completions"))
@@ -756,12 +751,11 @@ fn the_concurrency_limit_queues_then_refuses_with_429() {
         n: 4,
         gap: Duration::from_millis(250),
     });
-    let mut a = gw_args(&tok);
-    a.max_concurrent_requests = 1;
-    a.max_queued_requests = 1;
-    a.queue_timeout = Duration::from_secs(5);
-    let r = Router::start(a);
-    register(&r, 1, &e.url);
+    let r = gateway(&tok, &[&e.url], |a| {
+        a.max_concurrent_requests = 1;
+        a.max_queued_requests = 1;
+        a.queue_timeout = Duration::from_secs(5);
+    });
     let url = r.url("/v1/completions");
     let spawn = |url: String| {
         std::thread::spawn(move || {
@@ -801,11 +795,10 @@ fn the_concurrency_limit_queues_then_refuses_with_429() {
     }
     assert_eq!(e.requests(), 2);
     // Waiting longer than the queue timeout: 429 too.
-    let mut a = gw_args(&tok);
-    a.max_concurrent_requests = 1;
-    a.queue_timeout = Duration::from_millis(300);
-    let r = Router::start(a);
-    register(&r, 1, &e.url);
+    let r = gateway(&tok, &[&e.url], |a| {
+        a.max_concurrent_requests = 1;
+        a.queue_timeout = Duration::from_millis(300);
+    });
     let url = r.url("/v1/completions");
     let first = spawn(url.clone());
     wait_until("the first request running", Duration::from_secs(5), || {
@@ -860,13 +853,12 @@ fn shutdown_drains_streams_in_flight_and_refuses_new_requests() {
 fn bad_requests_get_openai_errors() {
     let (_d, tok) = model_dir();
     let e = Engine::start(Mode::Json);
-    let mut a = gw_args(&tok);
-    a.max_context_tokens = Some(8);
-    a.max_body_bytes = 4096;
-    a.tokenizers
-        .push(format!("other={}", tok.display()).parse().unwrap());
-    let r = Router::start(a);
-    register(&r, 1, &e.url);
+    let r = gateway(&tok, &[&e.url], |a| {
+        a.max_context_tokens = Some(8);
+        a.max_body_bytes = 4096;
+        a.tokenizers
+            .push(format!("other={}", tok.display()).parse().unwrap());
+    });
     let raw = |path: &str, body: &str| {
         let (s, _, b) = post(&r, path, body.to_string());
         (s, serde_json::from_slice(&b).unwrap_or(Value::Null))
