@@ -629,10 +629,9 @@ impl DbInner {
             let new =
                 (done.iter_mut()).filter_map(|(i, f)| Some((locked[*i].meta().id, f.root.take()?)));
             let roots = new_roots(|r| w.current().successor_into(r, new));
-            // Settled below, after the locks: paying the readers that may
-            // still be taking the old vector walks every reader's slot.
-            let retired = w.publish(roots.clone());
-            (roots, Some(retired))
+            // Freed or recycled below, after the locks.
+            let old = w.swap(roots.clone());
+            (roots, Some(old))
         };
         let released = now_if_timed(locked);
         // Figures first, while the locks are held (see `metrics.rs`).
@@ -660,7 +659,7 @@ impl DbInner {
         // are then the notifiers' alone, which fire them without a
         // compare-and-swap each.
         if let Some(old) = old {
-            recycle(old.settle());
+            recycle(old);
         }
         db.free_own();
         // `done` is dropped here, in place (`drop(done)` first moved its

@@ -7,8 +7,7 @@
 //! taking the old value (its debt list), so the old value's count is exact
 //! and it is freed when the last holder lets go. The writer reads the
 //! current value through a guarded load and the readers are paid inside
-//! the swap, so [`Writer::publish`] does all of it under the lock and
-//! [`Retired::settle`] only hands the old value back.
+//! the swap, so [`Writer::swap`] does all of it under the lock.
 //!
 //! The cost, measured (design.md, "Measurements behind the choices"): a
 //! swap walks every thread's debt node, so a write beside many threads
@@ -85,15 +84,10 @@ impl<T> Writer<'_, T> {
         &self.current
     }
 
-    /// Publishes `new`; returns the old value, which no reader can still be
-    /// taking without a reference of its own.
+    /// Publishes `new` and releases the writers' lock; returns the old
+    /// value, which no reader can still be taking without a reference of
+    /// its own (arc-swap pays them before its swap returns).
     pub(crate) fn swap(self, new: Arc<T>) -> Arc<T> {
-        self.publish(new).settle()
-    }
-
-    /// Publishes `new` (arc-swap pays the readers taking the old value
-    /// before it returns) and releases the writers' lock.
-    pub(crate) fn publish(self, new: Arc<T>) -> Retired<T> {
         let Writer {
             cell,
             current,
@@ -107,18 +101,7 @@ impl<T> Writer<'_, T> {
         // orders the writers, so a load and a store make the increment.
         let v = cell.version.load(Ordering::Relaxed);
         cell.version.store(v.wrapping_add(1), Ordering::Release);
-        Retired(old)
-    }
-}
-
-/// A value replaced by [`Writer::publish`]; its readers already paid.
-pub(crate) struct Retired<T>(Arc<T>);
-
-impl<T> Retired<T> {
-    /// The old value.
-    #[inline]
-    pub(crate) fn settle(self) -> Arc<T> {
-        self.0
+        old
     }
 }
 
@@ -126,26 +109,23 @@ impl<T> Retired<T> {
 mod tests {
     use super::*;
 
-    /// The next writer may publish (and settle) before the last one
-    /// settles; each returns its own old value with exact counts, and one
-    /// dropped unsettled settles.
+    /// Old values kept past the next swap keep exact counts: each is
+    /// freed when its last holder lets go, and one dropped at once frees.
     #[test]
-    fn a_publish_before_the_last_settles() {
+    fn old_values_kept_past_the_next_swap_keep_exact_counts() {
         let cell = RootCell::new(Arc::new(0u64));
         let held = cell.load_full();
-        let first = cell.write().publish(Arc::new(1));
-        let second = cell.write().publish(Arc::new(2));
+        let zero = cell.write().swap(Arc::new(1));
+        let one = cell.write().swap(Arc::new(2));
         assert_eq!(*cell.load_full(), 2);
-        let one = second.settle();
         assert_eq!(*one, 1);
         assert!(Arc::try_unique(one).is_ok());
-        let zero = first.settle();
         assert_eq!(*zero, 0);
         assert_eq!(Arc::count(&zero), 2);
         drop(held);
         assert!(Arc::try_unique(zero).is_ok());
         assert_eq!(cell.version(), 2);
-        drop(cell.write().publish(Arc::new(3)));
+        drop(cell.write().swap(Arc::new(3)));
         let three = cell.load_full();
         assert_eq!((*three, Arc::count(&three)), (3, 2));
     }
