@@ -51,6 +51,10 @@ pub(crate) struct Slots256<V> {
     present: [u64; 4],
     /// Keeps every borrowed child alive.
     lender: Option<NodeRc<N256<V>>>,
+    /// The lender's children this array no longer borrows (it replaced or
+    /// removed them), which the lender keeps alive for it: leaves count
+    /// one, subtrees [`SUBTREE_WEIGHT`]. 0 without a lender.
+    stale: u32,
     /// Emptied by `Drop` (through `drop_children`, which bounds recursion),
     /// so the array's own drop glue would only scan 256 empty slots again.
     children: ManuallyDrop<[Option<Child<V>>; 256]>,
@@ -72,15 +76,14 @@ pub(crate) fn each_bit(bits: [u64; 4], mut f: impl FnMut(usize)) {
 ///
 /// # Safety
 ///
-/// `fill` must initialise every slot without unwinding, and `borrowed`,
-/// `lender` and `present` must describe the slots as the module invariants
-/// say.
+/// `fill` must initialise every slot without unwinding, and the loan
+/// (`borrowed`, `lender`, `stale`) and `present` must describe the slots as
+/// the module invariants say.
 unsafe fn alloc_node<V>(
     h: Header,
     terminal: Option<Child<V>>,
     len: u16,
-    borrowed: [u64; 4],
-    lender: Option<NodeRc<N256<V>>>,
+    (borrowed, lender, stale): Loan<V>,
     present: [u64; 4],
     fill: impl FnOnce(*mut Option<Child<V>>),
 ) -> UniqueRc<N256<V>> {
@@ -96,16 +99,31 @@ unsafe fn alloc_node<V>(
             fill(addr_of_mut!((*s).children).cast::<Option<Child<V>>>());
             addr_of_mut!((*s).borrowed).write(borrowed);
             addr_of_mut!((*s).lender).write(lender);
+            addr_of_mut!((*s).stale).write(stale);
             addr_of_mut!((*s).present).write(present);
         })
     }
 }
+
+/// What a node256 borrows: `borrowed`, `lender` and `stale` of
+/// [`Slots256`].
+type Loan<V> = ([u64; 4], Option<NodeRc<N256<V>>>, u32);
 
 /// Children a borrowing base may own before a copy of it owns them all
 /// (see [`Slots256::new_borrowing`]). A simulation of random 16-patch
 /// flattens put the references taken per flatten at 214 without the cap,
 /// 91 / 76 / 70 / 68 / 72 / 84 with it at 16 / 32 / 48 / 64 / 96 / 128.
 const OWNED_MAX: u32 = 64;
+/// The stale children (see `Slots256::stale`) a lender may keep for a
+/// borrowing array before the array takes references on the rest and lets
+/// the lender go: as many leaves as a borrowing base may own, so random
+/// writes, whose copies reach that many after a few generations, pay about
+/// what they paid before the bound.
+const STALE_MAX: u32 = OWNED_MAX;
+
+/// What a stale subtree counts for: an old version of a subtree keeps every
+/// leaf rewritten under it since, so a lender may keep fewer of those.
+const SUBTREE_WEIGHT: u32 = 2;
 
 #[inline(always)]
 fn bit(b: u8) -> (usize, u64) {
@@ -123,6 +141,7 @@ impl<V> Slots256<V> {
             children: ManuallyDrop::new(children),
             borrowed: [0; 4],
             lender: None,
+            stale: 0,
             present,
         }
     }
@@ -145,25 +164,61 @@ impl<V> Slots256<V> {
         self.borrowed[w] & m != 0
     }
 
+    /// Marks `b` no longer borrowed: the lender's child there, a leaf or
+    /// (`subtree`) an inner node, is one this array replaced or removed,
+    /// which the lender keeps alive for it. Past [`STALE_MAX`] the array
+    /// takes references on the rest and lets the lender go (`own_all`).
     #[inline]
-    fn clear(&mut self, b: u8) {
+    fn clear(&mut self, b: u8, subtree: bool) {
         let (w, m) = bit(b);
         self.borrowed[w] &= !m;
         // The word just changed decides most calls without the other three.
         if self.borrowed[w] == 0 && self.borrowed == [0; 4] {
             self.lender = None;
+            self.stale = 0;
+        } else {
+            self.stale += if subtree { SUBTREE_WEIGHT } else { 1 };
+            if self.stale > STALE_MAX {
+                self.own_all();
+            }
         }
+    }
+
+    /// Takes a reference on every borrowed child and lets go of the
+    /// lender. Without it a lender whose children this node has mostly
+    /// replaced stays alive as long as one child is still borrowed, and so
+    /// does every child it holds: in a database, superseded objects that no
+    /// snapshot can reach (a batch rewriting most of a node's children,
+    /// then nothing more under it, kept a quarter of a million such
+    /// objects per million). With it a lender keeps at most `OWNED_MAX`
+    /// children for this node that this node no longer has.
+    #[cold]
+    #[inline(never)]
+    fn own_all(&mut self) {
+        each_bit(self.borrowed, |i| {
+            if let Some(c) = &self.children[i] {
+                // The copy in the slot now stands for this reference.
+                forget(c.clone());
+            }
+        });
+        self.borrowed = [0; 4];
+        self.lender = None;
+        self.stale = 0;
     }
 
     /// Makes the slot under `b` own its child (one reference taken).
     #[inline]
     fn own(&mut self, b: u8) {
         if self.is_borrowed(b) {
-            if let Some(c) = &self.children[b as usize] {
-                // The copy in the slot now stands for this reference.
-                forget(c.clone());
-            }
-            self.clear(b);
+            let subtree = match &self.children[b as usize] {
+                Some(c) => {
+                    // The copy in the slot now stands for this reference.
+                    forget(c.clone());
+                    !c.is_leaf()
+                }
+                None => false,
+            };
+            self.clear(b, subtree);
         }
     }
 
@@ -217,7 +272,7 @@ impl<V> Slots256<V> {
         }
         let kept = if keep { c.clone() } else { None };
         forget(c);
-        self.clear(b);
+        self.clear(b, false);
         Some((value, kept))
     }
 
@@ -233,8 +288,9 @@ impl<V> Slots256<V> {
         }
         let old = std::mem::replace(&mut self.children[b as usize], c);
         if self.is_borrowed(b) {
+            let subtree = old.as_ref().is_some_and(|c| !c.is_leaf());
             forget(old);
-            self.clear(b);
+            self.clear(b, subtree);
         }
     }
 
@@ -263,7 +319,7 @@ impl<V> Slots256<V> {
         // SAFETY: every slot is written (empty), and an array with no
         // children borrows nothing.
         unsafe {
-            alloc_node(h, terminal, len, [0; 4], None, [0; 4], |children| {
+            alloc_node(h, terminal, len, ([0; 4], None, 0), [0; 4], |children| {
                 for i in 0..256 {
                     children.add(i).write(None);
                 }
@@ -290,8 +346,12 @@ impl<V> Slots256<V> {
         base: &NodeRc<N256<V>>,
     ) -> UniqueRc<N256<V>> {
         let src = &base.slots;
-        let (borrowed, lender) = match &src.lender {
-            None => (src.present, (src.present != [0; 4]).then(|| base.clone())),
+        let loan: Loan<V> = match &src.lender {
+            None => (
+                src.present,
+                (src.present != [0; 4]).then(|| base.clone()),
+                0,
+            ),
             Some(lender) => {
                 let owned: [u64; 4] = std::array::from_fn(|w| src.present[w] & !src.borrowed[w]);
                 let many = owned.iter().map(|w| w.count_ones()).sum::<u32>() > OWNED_MAX;
@@ -302,10 +362,11 @@ impl<V> Slots256<V> {
                     }
                 });
                 if many {
-                    ([0; 4], None)
+                    ([0; 4], None, 0)
                 } else {
-                    // `base` has a lender, so it borrows some slot.
-                    (src.borrowed, Some(lender.clone()))
+                    // `base` has a lender, so it borrows some slot; what the
+                    // lender keeps for `base` it keeps for the copy.
+                    (src.borrowed, Some(lender.clone()), src.stale)
                 }
             }
         };
@@ -317,17 +378,9 @@ impl<V> Slots256<V> {
         // owned many); `present` is `base`'s. The counts therefore stay
         // exact.
         unsafe {
-            alloc_node(
-                h,
-                terminal,
-                len,
-                borrowed,
-                lender,
-                src.present,
-                |children| {
-                    children.copy_from_nonoverlapping(src.children.as_ptr(), 256);
-                },
-            )
+            alloc_node(h, terminal, len, loan, src.present, |children| {
+                children.copy_from_nonoverlapping(src.children.as_ptr(), 256);
+            })
         }
     }
 
@@ -371,6 +424,17 @@ impl<V> Slots256<V> {
             {
                 return Err(format!("slot {b} is not the lender's own child"));
             }
+        }
+        let stale: u32 = match &self.lender {
+            None => 0,
+            Some(lender) => (0..=255u8)
+                .filter(|&b| !self.is_borrowed(b))
+                .filter_map(|b| lender.slots.get(b))
+                .map(|c| if c.is_leaf() { 1 } else { SUBTREE_WEIGHT })
+                .sum(),
+        };
+        if stale != self.stale || stale > STALE_MAX {
+            return Err(format!("stale is {} for {stale} kept", self.stale));
         }
         Ok(())
     }
@@ -466,18 +530,25 @@ pub(crate) mod tests {
 
     #[test]
     fn a_base_owning_many_is_copied_owning_all_and_lends_after() {
-        let t0 = wide();
+        // A node256 over the bytes 0..128 only.
+        let mut txn = Tree::new().txn();
+        for b in 0..128u8 {
+            txn.insert(&[b], u32::from(b)).unwrap();
+        }
+        let t0 = txn.commit();
         let t1 = rewrite(&t0, 0..20, 1000);
-        // `t1` owns 20: a copy borrows from `t0` and owns 20 + 60.
-        let t2 = rewrite(&t1, 20..80, 2000);
-        assert_eq!(borrowed(&t2), 176);
+        // `t1` owns 20: a copy borrows from `t0` and owns 20 rewritten and
+        // 60 new children (in empty slots: nothing left stale in `t0`).
+        let t2 = rewrite(&t1, 128..188, 2000);
+        assert_eq!(borrowed(&t2), 108);
+        assert_eq!(root(&t2).slots.stale, 20);
         // `t2` owns more than `OWNED_MAX`: its copy owns every child ...
         let t3 = rewrite(&t2, 200..220, 3000);
         assert!(root(&t3).slots.lender.is_none());
         assert_eq!(borrowed(&t3), 0);
         // ... and lends them to the next copy.
         let t4 = rewrite(&t3, 230..250, 4000);
-        assert_eq!(borrowed(&t4), 236);
+        assert_eq!(borrowed(&t4), 208);
         assert!(std::ptr::eq(
             &**root(&t4).slots.lender.as_ref().unwrap(),
             root(&t3)
@@ -486,16 +557,71 @@ pub(crate) mod tests {
         drop((t1, t2));
         assert_eq!(t0.root.strong_count(), 1);
         drop((t0, t3));
-        reads(&t4, |b| {
-            u32::from(b)
-                + match b {
-                    0..20 => 1000,
-                    20..80 => 2000,
-                    200..220 => 3000,
-                    230..250 => 4000,
-                    _ => 0,
-                }
-        });
+        crate::check::check(&t4).unwrap();
+        for b in 0..=255u8 {
+            let want = match b {
+                0..20 => Some(u32::from(b) + 1000),
+                20..128 => Some(u32::from(b)),
+                128..188 => Some(u32::from(b) + 2000),
+                200..220 => Some(u32::from(b) + 3000),
+                230..250 => Some(u32::from(b) + 4000),
+                _ => None,
+            };
+            assert_eq!(t4.get(&[b]).copied(), want, "byte {b}");
+        }
+    }
+
+    /// A lender keeps at most `STALE_MAX` leaves a borrower replaced or
+    /// removed: past that the borrower takes references on the rest and
+    /// lets it go, and once the old version is dropped, so are the leaves.
+    #[test]
+    fn a_lender_keeps_few_leaves_its_borrower_replaced() {
+        let t0 = wide();
+        let t1 = rewrite(&t0, 0..64, 1000);
+        assert_eq!((borrowed(&t1), root(&t1).slots.stale), (192, 64));
+        let t2 = rewrite(&t0, 0..65, 1000);
+        assert!(root(&t2).slots.lender.is_none());
+        assert_eq!((borrowed(&t2), root(&t2).slots.stale), (0, 0));
+        // Removals count as replacements.
+        let mut txn = t0.txn();
+        for b in 100..170u8 {
+            txn.delete(&[b]).unwrap();
+        }
+        let t3 = txn.commit();
+        assert!(root(&t3).slots.lender.is_none());
+        drop(t1);
+        assert_eq!(t0.root.strong_count(), 1, "no borrower holds t0");
+        reads(&t2, |b| u32::from(b) + if b < 65 { 1000 } else { 0 });
+        assert_eq!((t3.get(&[99]), t3.get(&[100])), (Some(&99), None));
+    }
+
+    /// A replaced subtree counts double: an old version of an inner node
+    /// keeps every leaf rewritten under it since.
+    #[test]
+    fn a_lender_keeps_fewer_subtrees_than_leaves() {
+        let mut txn = Tree::new().txn();
+        for x in 0..=255u8 {
+            for b in 0..2u8 {
+                txn.insert(&[x, b], 0).unwrap();
+            }
+        }
+        let t0 = txn.commit();
+        let under = |t: &Tree<u32>, xs: std::ops::Range<u16>| {
+            let mut txn = t.txn();
+            for x in xs {
+                txn.insert(&[x as u8, 0], 1).unwrap();
+            }
+            txn.commit()
+        };
+        let t1 = under(&t0, 0..32);
+        assert_eq!((borrowed(&t1), root(&t1).slots.stale), (224, 64));
+        let t2 = under(&t0, 0..33);
+        assert!(root(&t2).slots.lender.is_none());
+        drop((t0, t1));
+        crate::check::check(&t2).unwrap();
+        for x in 0..=255u8 {
+            assert_eq!(t2.get(&[x, 0]), Some(&u32::from(x < 33)), "byte {x}");
+        }
     }
 
     /// The node256 under `[x]` in a tree of the keys `[x, b]`.
@@ -676,6 +802,6 @@ pub(crate) mod tests {
         let slots = offset_of!(N256<u32>, slots);
         assert!(slots + offset_of!(S, present) + 32 <= 128);
         assert!(slots + offset_of!(S, borrowed) + 32 <= 128);
-        assert_eq!(offset_of!(S, children), 72);
+        assert_eq!(offset_of!(S, children), 80);
     }
 }

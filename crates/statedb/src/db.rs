@@ -522,9 +522,11 @@ impl Db {
         })
     }
 
-    /// Runs graveyard collection now, on this thread; returns how many
-    /// deleted objects were dropped.
+    /// Runs collection now, on this thread: frees the superseded versions
+    /// waiting in every thread's mailbox (no reader holds them) and
+    /// collects graveyards; returns how many deleted objects were dropped.
     pub fn collect_garbage(&self) -> usize {
+        self.inner.free_mailboxes();
         self.inner.collect_garbage()
     }
 

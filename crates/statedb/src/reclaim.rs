@@ -201,6 +201,14 @@ impl DbInner {
         }
     }
 
+    /// Frees what waits in every mailbox (the collector's round, and
+    /// `Db::collect_garbage`).
+    pub(crate) fn free_mailboxes(&self) {
+        for mb in self.mailboxes.iter() {
+            drop(mb.take());
+        }
+    }
+
     /// One collection round over every table's graveyard (see
     /// [`TableOps::collect`]); returns how many entries were dropped.
     pub(crate) fn collect_garbage(&self) -> usize {
@@ -218,9 +226,7 @@ fn gc_loop(weak: Weak<DbInner>, every: Duration) {
         if db.closing.load(Ordering::SeqCst) {
             return;
         }
-        for mb in db.mailboxes.iter() {
-            drop(mb.take());
-        }
+        db.free_mailboxes();
         db.collect_garbage();
     }
 }

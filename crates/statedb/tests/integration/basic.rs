@@ -967,6 +967,26 @@ fn reader_frees_its_own_threads_versions_and_hands_on_others() {
     }
 }
 
+/// `Db::collect_garbage` frees what waits in a mailbox (here that of a
+/// thread that has exited), as the background thread would.
+#[test]
+fn collect_garbage_empties_the_mailboxes() {
+    let f = idle_collector_table();
+    let mut reader = f.db.reader();
+    let r = std::thread::scope(|s| s.spawn(|| write_one(&f, "old")).join().unwrap());
+    let held = f.table.get(&r, &f.by_id, &1).unwrap().unwrap().clone();
+    drop(r);
+    assert_eq!(name_of_one(&f, reader.read_txn()), "old");
+    write_one(&f, "new");
+    assert_eq!(name_of_one(&f, reader.read_txn()), "new");
+    assert!(
+        !only_held_here(&held),
+        "waits in the exited thread's mailbox"
+    );
+    f.db.collect_garbage();
+    assert!(only_held_here(&held));
+}
+
 /// A version another thread published, let go of last by a reader, is
 /// freed by the publishing thread at its next commit.
 #[test]
