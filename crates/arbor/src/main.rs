@@ -205,6 +205,61 @@ fn engine(args: &EngineArgs) -> anyhow::Result<()> {
     })
 }
 
+/// `arbor kv replay --gateway [URL]`: the workload as HTTP requests
+/// through a gateway, a local fleet's when `url` is `auto`.
+fn gateway_replay(
+    args: &ReplayArgs,
+    opts: &kvreplay::ReplayOptions,
+    url: &str,
+) -> anyhow::Result<()> {
+    use kvreplay::gateway::{GatewayOptions, LocalFleet, FLEET_MODEL};
+    let local = url == "auto";
+    let mut g = if local {
+        GatewayOptions::new("http://127.0.0.1", FLEET_MODEL)
+    } else {
+        GatewayOptions::new(url, args.gateway_model.as_str())
+    };
+    g.speedup = args.speedup;
+    g.max_output_tokens = args.max_output_tokens;
+    g.max_in_flight = args.max_in_flight;
+    g.validate()?;
+    opts.validate()?;
+    let (workload, _) = kvreplay::load_workload(opts)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let fleet = if local {
+            let policy = kvrouter::RouterArgs::defaults().policy;
+            let sim = &opts.sim;
+            let f = LocalFleet::start(sim.workers, sim.engine, args.speedup, policy).await?;
+            g.url = f.url().to_string();
+            Some(f)
+        } else {
+            None
+        };
+        eprintln!(
+            "arbor kv replay: {} requests of {} over {:.1} s through {}",
+            workload.requests.len(),
+            workload.name,
+            workload.span_us() as f64 / 1e6 / g.speedup,
+            g.url
+        );
+        let report = kvreplay::gateway::replay(&workload, &g).await;
+        if let Some(f) = fleet {
+            f.stop().await;
+        }
+        let report = report?;
+        print!("{}", report.render());
+        if let Some(p) = &opts.json {
+            std::fs::write(p, serde_json::to_string_pretty(&report)?)
+                .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", p.display()))?;
+            println!("JSON report written to {}", p.display());
+        }
+        Ok(())
+    })
+}
+
 fn db(cmd: &arbor::db_cmd::DbCommand) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -215,6 +270,9 @@ fn db(cmd: &arbor::db_cmd::DbCommand) -> anyhow::Result<()> {
 
 fn replay(args: &ReplayArgs) -> anyhow::Result<()> {
     let mut opts = args.options()?;
+    if let Some(url) = &args.gateway {
+        return gateway_replay(args, &opts, url);
+    }
     // `--live` with no URL: a router of our own on loopback for the run,
     // with the simulation's policy knobs and seed.
     let _router;

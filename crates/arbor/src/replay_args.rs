@@ -306,6 +306,33 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "auto", help_heading = "Output")]
     pub live: Option<String>,
 
+    /// Instead of simulating, send the workload as streamed OpenAI
+    /// completions through the gateway at this URL, at the workload's
+    /// arrival times, and report the engines' cache hits, TTFT and load.
+    /// With no URL, a fleet of `--workers` simulated engines (the flags
+    /// above) and the router's gateway start on loopback for the run.
+    #[arg(long, value_name = "URL", num_args = 0..=1, default_missing_value = "auto", help_heading = "Gateway replay")]
+    pub gateway: Option<String>,
+
+    /// Model the gateway replay's requests name (a local fleet serves
+    /// `sim`).
+    #[arg(long, default_value = "sim", help_heading = "Gateway replay")]
+    pub gateway_model: String,
+
+    /// Gateway replay: arrivals (and a local fleet's engines) run this many
+    /// times faster than the workload's times.
+    #[arg(long, default_value_t = 1.0, help_heading = "Gateway replay")]
+    pub speedup: f64,
+
+    /// Gateway replay: cap on each request's generated tokens.
+    #[arg(long, default_value_t = 64, help_heading = "Gateway replay")]
+    pub max_output_tokens: u32,
+
+    /// Gateway replay: most requests in flight; later arrivals wait and
+    /// count as late.
+    #[arg(long, default_value_t = 1024, help_heading = "Gateway replay")]
+    pub max_in_flight: usize,
+
     /// No progress bars (they are also hidden when stderr is not a terminal).
     #[arg(long, help_heading = "Output")]
     pub no_progress: bool,

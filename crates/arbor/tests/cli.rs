@@ -298,6 +298,9 @@ fn help_explains_the_knobs() {
         "--sweep",
         "--json",
         "--plot",
+        "--gateway",
+        "--speedup",
+        "--max-in-flight",
     ] {
         assert!(h.contains(knob), "help lacks {knob}");
     }
@@ -372,6 +375,51 @@ fn live_routing_through_a_router_matches_the_simulation() {
         );
         assert_eq!(l["requests"], p["requests"]);
     }
+}
+
+/// `--gateway`: the workload as streamed HTTP completions through a
+/// fleet of simulated engines and the router's gateway, all started on
+/// loopback for the run; every request is answered and later turns find
+/// their conversation's blocks cached.
+#[test]
+fn gateway_replay_through_a_local_fleet() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("g.json");
+    let mut args = TINY_WORKLOAD.to_vec();
+    args.extend(["--gateway", "--speedup", "50", "--max-output-tokens", "8"]);
+    args.extend(["--json", json.to_str().unwrap()]);
+    let out = arbor(&args);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(
+        stdout.contains("Gateway replay through http://127.0.0.1:"),
+        "{stdout}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(r["requests"].as_u64().unwrap() > 10, "{stdout}");
+    assert_eq!(r["ok"], r["requests"], "{stdout}");
+    let (prompt, cached) = (
+        r["prompt_tokens"].as_u64().unwrap(),
+        r["cached_tokens"].as_u64().unwrap(),
+    );
+    assert!(cached > 0 && cached < prompt, "{stdout}");
+    // Four engines, each named in its responses.
+    let engines = r["per_engine"].as_object().unwrap();
+    assert!(engines.len() <= 4 && !engines.is_empty(), "{stdout}");
+    for (bad, why) in [
+        (&["--speedup", "0"][..], "positive"),
+        (&["--max-in-flight", "0"], "at least 1"),
+        (&["--max-output-tokens", "0"], "at least 1"),
+    ] {
+        let mut args = TINY_WORKLOAD.to_vec();
+        args.push("--gateway");
+        args.extend(bad);
+        refused(&arbor(&args), why);
+    }
+    let mut args = TINY_WORKLOAD.to_vec();
+    args.extend(["--gateway", "not a url"]);
+    refused(&arbor(&args), "does not parse");
 }
 
 /// A process serving a `nodes` table over statedb's HTTP API, on a thread

@@ -26,6 +26,8 @@
 
 pub mod engine;
 #[cfg(feature = "live")]
+pub mod gateway;
+#[cfg(feature = "live")]
 pub mod live;
 pub mod options;
 pub mod progress;

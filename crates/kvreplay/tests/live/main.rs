@@ -3,3 +3,4 @@
 //! the router's gateway.
 mod engine_server;
 mod gateway;
+mod gateway_replay;
