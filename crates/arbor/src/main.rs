@@ -234,6 +234,7 @@ fn gateway_replay(
             let sim = &opts.sim;
             let f = LocalFleet::start(sim.workers, sim.engine, args.speedup, policy).await?;
             g.url = f.url().to_string();
+            g.engines = Some(sim.workers);
             Some(f)
         } else {
             None

@@ -45,6 +45,9 @@ pub struct GatewayOptions {
     pub max_in_flight: usize,
     /// Whole-request timeout.
     pub timeout: Duration,
+    /// Engines in the fleet, when known: the load balance's mean counts
+    /// the engines that served nothing too.
+    pub engines: Option<usize>,
 }
 
 impl GatewayOptions {
@@ -57,6 +60,7 @@ impl GatewayOptions {
             max_output_tokens: 64,
             max_in_flight: 1024,
             timeout: Duration::from_secs(300),
+            engines: None,
         }
     }
 
@@ -122,6 +126,8 @@ pub struct GatewayReport {
     pub e2e_ms: Millis,
     /// Answered requests per engine id (engines that name themselves).
     pub per_engine: BTreeMap<u64, u64>,
+    /// Engines in the fleet, when known ([`GatewayOptions::engines`]).
+    pub engines: Option<usize>,
     /// Wall time of the whole replay, seconds.
     pub wall_s: f64,
 }
@@ -135,7 +141,7 @@ impl GatewayReport {
     /// The busiest engine's requests over the mean, if engines named
     /// themselves.
     pub fn busiest_over_mean(&self) -> Option<f64> {
-        let n = self.per_engine.len();
+        let n = self.engines.unwrap_or(0).max(self.per_engine.len());
         let max = *self.per_engine.values().max()?;
         let mean = self.per_engine.values().sum::<u64>() as f64 / n as f64;
         Some(max as f64 / mean)
@@ -184,55 +190,79 @@ pub fn prompt_text(req: &Request, block_size: usize) -> String {
     out
 }
 
-/// What one request saw.
-#[derive(Default)]
-struct Outcome {
-    error: Option<String>,
-    late: bool,
-    ttft_us: u64,
-    e2e_us: u64,
-    prompt_tokens: u64,
-    cached_tokens: u64,
-    engine: Option<u64>,
+/// What one completion request saw, at the client.
+#[derive(Debug, Default, Clone)]
+pub struct Completion {
+    /// Why it failed (`status N`, `connect`, `timeout`, `body`), if it did.
+    pub error: Option<String>,
+    /// Time to the first byte of the body (streamed: the first chunk;
+    /// whole: the whole response), microseconds.
+    pub ttft_us: u64,
+    /// Time to the end of the body, microseconds.
+    pub e2e_us: u64,
+    /// `usage.prompt_tokens`.
+    pub prompt_tokens: u64,
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    pub cached_tokens: u64,
+    /// The engine, from a response id `PREFIX-ENGINE-N`.
+    pub engine: Option<u64>,
 }
 
-/// Reads the SSE stream of one completion to its end.
-async fn read_stream(mut r: reqwest::Response, t: Instant, out: &mut Outcome) -> Option<()> {
+impl Completion {
+    /// Takes `usage` and the response id from one JSON body or chunk.
+    fn read(&mut self, v: &Value, id: &mut Option<String>) {
+        if id.is_none() {
+            *id = v["id"].as_str().map(String::from);
+        }
+        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+            self.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
+            self.cached_tokens = u["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0);
+        }
+    }
+}
+
+/// Reads a body to its end: server-sent events if `stream`, else one JSON
+/// object. `None` if it broke off or did not parse.
+async fn read_body(
+    mut r: reqwest::Response,
+    stream: bool,
+    t: Instant,
+    out: &mut Completion,
+) -> Option<()> {
     let mut buf = Vec::new();
     let mut id = None;
     while let Some(chunk) = r.chunk().await.ok()? {
-        if out.ttft_us == 0 {
+        if out.ttft_us == 0 && stream {
             out.ttft_us = t.elapsed().as_micros() as u64;
         }
         buf.extend_from_slice(&chunk);
-        while let Some(i) = buf.windows(2).position(|w| w == b"\n\n") {
+        while let Some(i) = buf.windows(2).position(|w| w == b"\n\n").filter(|_| stream) {
             let event: Vec<u8> = buf.drain(..i + 2).collect();
             let text = String::from_utf8_lossy(&event);
             let Some(data) = text.trim().strip_prefix("data:") else {
                 continue;
             };
-            let Ok(v) = serde_json::from_str::<Value>(data.trim()) else {
-                continue;
-            };
-            if id.is_none() {
-                id = v["id"].as_str().map(String::from);
-            }
-            if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-                out.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
-                out.cached_tokens = u["prompt_tokens_details"]["cached_tokens"]
-                    .as_u64()
-                    .unwrap_or(0);
+            if let Ok(v) = serde_json::from_str::<Value>(data.trim()) {
+                out.read(&v, &mut id);
             }
         }
+    }
+    if !stream {
+        out.ttft_us = t.elapsed().as_micros() as u64;
+        out.read(&serde_json::from_slice::<Value>(&buf).ok()?, &mut id);
     }
     out.engine = id.and_then(|s| s.rsplit('-').nth(1)?.parse().ok());
     Some(())
 }
 
-async fn send(http: &reqwest::Client, url: &str, body: Value) -> Outcome {
+/// Posts one completion request (`body`; streamed if its `stream` is
+/// true) to `url` and reads the answer to its end.
+pub async fn complete(http: &reqwest::Client, url: &str, body: &Value) -> Completion {
     let t = Instant::now();
-    let mut out = Outcome::default();
-    let r = match http.post(url).json(&body).send().await {
+    let mut out = Completion::default();
+    let r = match http.post(url).json(body).send().await {
         Ok(r) => r,
         Err(e) => {
             out.error = Some(if e.is_timeout() { "timeout" } else { "connect" }.into());
@@ -243,7 +273,8 @@ async fn send(http: &reqwest::Client, url: &str, body: Value) -> Outcome {
         out.error = Some(format!("status {}", r.status().as_u16()));
         return out;
     }
-    if read_stream(r, t, &mut out).await.is_none() {
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    if read_body(r, stream, t, &mut out).await.is_none() {
         out.error = Some("body".into());
     }
     out.e2e_us = t.elapsed().as_micros() as u64;
@@ -282,10 +313,9 @@ pub async fn replay(w: &Workload, opts: &GatewayOptions) -> Result<GatewayReport
         });
         let (http, url) = (http.clone(), url.clone());
         tasks.push(tokio::spawn(async move {
-            let mut o = send(&http, &url, body).await;
-            o.late = late;
+            let o = complete(&http, &url, &body).await;
             drop(permit);
-            o
+            (o, late)
         }));
     }
     let mut report = GatewayReport {
@@ -299,14 +329,15 @@ pub async fn replay(w: &Workload, opts: &GatewayOptions) -> Result<GatewayReport
         ttft_ms: Millis::default(),
         e2e_ms: Millis::default(),
         per_engine: BTreeMap::new(),
+        engines: opts.engines,
         wall_s: 0.0,
     };
     // 1 us to an hour, three significant figures.
     let hist = || Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds");
     let (mut ttft, mut e2e) = (hist(), hist());
     for t in tasks {
-        let o = t.await.map_err(|e| ReplayError::Live(e.to_string()))?;
-        report.late += u64::from(o.late);
+        let (o, late) = t.await.map_err(|e| ReplayError::Live(e.to_string()))?;
+        report.late += u64::from(late);
         if let Some(kind) = o.error {
             *report.failed.entry(kind).or_default() += 1;
             continue;
@@ -480,9 +511,13 @@ mod tests {
             ttft_ms: Millis::default(),
             e2e_ms: Millis::default(),
             per_engine: BTreeMap::from([(0, 3), (1, 1)]),
+            engines: None,
             wall_s: 1.0,
         };
         assert_eq!((r.hit_rate(), r.busiest_over_mean()), (0.25, Some(1.5)));
+        // A third engine that served nothing counts in the mean.
+        r.engines = Some(3);
+        assert_eq!(r.busiest_over_mean(), Some(2.25));
         r.per_engine.clear();
         assert_eq!(r.busiest_over_mean(), None);
         assert!(

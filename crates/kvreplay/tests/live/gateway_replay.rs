@@ -3,7 +3,7 @@
 //! --gateway` runs it.
 
 use kvreplay::engine::EngineConfig;
-use kvreplay::gateway::{replay, GatewayOptions, LocalFleet, FLEET_MODEL};
+use kvreplay::gateway::{complete, replay, GatewayOptions, LocalFleet, FLEET_MODEL};
 use kvreplay::policy::PolicyKind;
 use kvreplay::trace::{Request, Workload};
 
@@ -50,6 +50,25 @@ async fn a_conversation_workload_through_a_local_fleet_hits_its_cache() {
     let r = replay(&w, &GatewayOptions::new(fleet.url(), FLEET_MODEL))
         .await
         .unwrap();
+    // A whole (not streamed) answer to the first prompt again: its engine
+    // and its cached blocks come from the one JSON body.
+    let body = serde_json::json!({
+        "model": FLEET_MODEL,
+        "prompt": kvreplay::gateway::prompt_text(&w.requests[0], BS),
+        "max_tokens": 2,
+    });
+    let url = format!("{}/v1/completions", fleet.url());
+    let whole = complete(&reqwest::Client::new(), &url, &body).await;
+    assert_eq!(whole.error, None);
+    assert!(whole.engine.is_some_and(|e| e < 2), "{whole:?}");
+    assert!(
+        whole.cached_tokens >= 48 && whole.prompt_tokens >= 64,
+        "{whole:?}"
+    );
+    assert!(
+        whole.ttft_us > 0 && whole.ttft_us <= whole.e2e_us,
+        "{whole:?}"
+    );
     let stats: Vec<_> = fleet.engines().iter().map(|e| e.stats()).collect();
     let served: u64 = stats.iter().map(|s| s.finished).sum();
     let cached: u64 = stats.iter().map(|s| s.cached_tokens).sum();
@@ -58,14 +77,14 @@ async fn a_conversation_workload_through_a_local_fleet_hits_its_cache() {
     assert!(r.failed.is_empty(), "{:?}", r.failed);
     // Every request named its engine; the warm-up completion is the rest.
     assert_eq!(r.per_engine.values().sum::<u64>(), 12);
-    assert_eq!(served, 13);
+    assert_eq!(served, 14);
     assert!(r.per_engine.keys().all(|&e| e < 2));
     // Each later turn finds its earlier turns cached: 3 x 64 x (1+2+3) of
     // 3 x 64 x (1+2+3+4) prompt tokens when every turn stays on its engine.
     assert!(r.prompt_tokens >= 1920, "{}", r.prompt_tokens);
     // What the client read is what the engines counted (the warm-up hit
     // nothing).
-    assert_eq!(r.cached_tokens, cached);
+    assert_eq!(r.cached_tokens + whole.cached_tokens, cached);
     assert!(r.hit_rate() > 0.5, "{}", r.render());
     // Through a gateway and an engine on loopback: well over 50 us, well
     // under the 90 ms between turns.
