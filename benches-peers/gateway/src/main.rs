@@ -30,12 +30,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use futures_util::StreamExt;
 use hdrhistogram::Histogram;
 use kvreplay::engine::EngineConfig;
+use kvreplay::gateway::{complete, prompt_text, replay, GatewayOptions};
 use kvreplay::server::{SimEngine, SimEngineConfig, SimEngineHandle};
+use kvreplay::trace::{read_trace, Request, TraceScaling, Workload};
 use kvrouter::tokenize::ModelTokenizer;
-use serde_json::{json, Value};
+use serde_json::json;
 
 const MODEL: &str = "bench";
 /// Tokens per trace block (Mooncake's hash ids).
@@ -293,116 +294,31 @@ async fn start_target(
     Ok((base, Some(proc)))
 }
 
-/// What one request saw.
-#[derive(Default, Clone)]
-struct Outcome {
-    ok: bool,
-    ttft_us: u64,
-    e2e_us: u64,
-    prompt_tokens: u64,
-    cached_tokens: u64,
-    engine: Option<u64>,
-}
-
-/// Sends one completion and reads it to the end.
-async fn send(http: &reqwest::Client, url: &str, body: Value, stream: bool) -> Outcome {
-    let t = Instant::now();
-    let mut out = Outcome::default();
-    let Ok(r) = http.post(url).json(&body).send().await else {
-        return out;
+/// The Mooncake trace at `path` as a workload of `block_size`-token blocks
+/// (512-token trace blocks), its first `limit` requests.
+fn load_trace(path: &str, block_size: usize, limit: Option<usize>) -> Result<Workload> {
+    let parsed = read_trace(std::path::Path::new(path), false)?;
+    let scaling = TraceScaling {
+        trace_block_size: TRACE_BLOCK,
+        block_size,
+        ..TraceScaling::default()
     };
-    if !r.status().is_success() {
-        return out;
+    let mut w = scaling.apply(path, &parsed.records)?;
+    if let Some(n) = limit {
+        w.requests.truncate(n);
     }
-    let mut usage = None;
-    let mut id = None;
-    if stream {
-        let mut s = r.bytes_stream();
-        let mut buf = Vec::new();
-        while let Some(chunk) = s.next().await {
-            let Ok(chunk) = chunk else { return out };
-            if out.ttft_us == 0 {
-                out.ttft_us = t.elapsed().as_micros() as u64;
-            }
-            buf.extend_from_slice(&chunk);
-            while let Some(i) = buf.windows(2).position(|w| w == b"\n\n") {
-                let ev: Vec<u8> = buf.drain(..i + 2).collect();
-                let line = String::from_utf8_lossy(&ev);
-                let Some(data) = line.trim().strip_prefix("data:") else {
-                    continue;
-                };
-                if let Ok(v) = serde_json::from_str::<Value>(data.trim()) {
-                    if id.is_none() {
-                        id = v["id"].as_str().map(String::from);
-                    }
-                    if v["usage"].is_object() {
-                        usage = Some(v["usage"].clone());
-                    }
-                }
-            }
-        }
-    } else {
-        let Ok(v) = r.json::<Value>().await else {
-            return out;
-        };
-        out.ttft_us = t.elapsed().as_micros() as u64;
-        id = v["id"].as_str().map(String::from);
-        usage = Some(v["usage"].clone());
-    }
-    out.e2e_us = t.elapsed().as_micros() as u64;
-    out.ok = true;
-    if let Some(u) = usage {
-        out.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0);
-        out.cached_tokens = u["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap_or(0);
-    }
-    // The simulated engine names itself in the id: `PREFIX-ENGINE-N`.
-    out.engine = id.and_then(|s| s.rsplit('-').nth(1).and_then(|e| e.parse().ok()));
-    out
+    Ok(w)
 }
 
-/// The text of one trace block: 512 lowercase letters from its hash id.
-fn block_text(id: u64, out: &mut String, len: usize) {
-    for j in 0..len {
-        let h = xxhash_rust::xxh3::xxh3_64_with_seed(&id.to_le_bytes(), j as u64);
-        out.push((b'a' + (h % 26) as u8) as char);
-    }
-}
-
-struct TraceReq {
-    at_ms: u64,
-    prompt: String,
-    output: u32,
-}
-
-fn load_trace(path: &str, limit: Option<usize>) -> Result<Vec<TraceReq>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-    let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        if limit.is_some_and(|n| out.len() >= n) {
-            break;
-        }
-        let v: Value = serde_json::from_str(line)?;
-        let input = v["input_length"].as_u64().context("input_length")? as usize;
-        let ids: Vec<u64> = v["hash_ids"]
-            .as_array()
-            .context("hash_ids")?
-            .iter()
-            .filter_map(Value::as_u64)
-            .collect();
-        let mut prompt = String::with_capacity(input);
-        for (k, &id) in ids.iter().enumerate() {
-            let len = TRACE_BLOCK.min(input.saturating_sub(k * TRACE_BLOCK));
-            block_text(id, &mut prompt, len);
-        }
-        out.push(TraceReq {
-            at_ms: v["timestamp"].as_u64().unwrap_or(0),
-            prompt,
-            output: v["output_length"].as_u64().unwrap_or(1).max(1) as u32,
-        });
-    }
-    Ok(out)
+/// `len` lowercase letters drawn from `id`.
+fn random_text(id: u64, len: usize) -> String {
+    let req = Request {
+        arrival_us: 0,
+        input_tokens: len as u32,
+        output_tokens: 1,
+        blocks: vec![id],
+    };
+    prompt_text(&req, len)
 }
 
 fn targets(c: &Common, with_direct: bool) -> Vec<String> {
@@ -427,17 +343,17 @@ fn ms(us: u64) -> f64 {
 }
 
 async fn quality(q: Quality) -> Result<()> {
-    let reqs = Arc::new(load_trace(&q.trace, q.requests)?);
+    let w = load_trace(&q.trace, q.common.block_size, q.requests)?;
     let tok = Arc::new(ModelTokenizer::builtin());
     let tokdir = tempfile::tempdir()?;
     ModelTokenizer::write_builtin(tokdir.path())?;
-    let span_ms = reqs.iter().map(|r| r.at_ms).max().unwrap_or(0);
+    let span_s = w.span_us() as f64 / 1e6;
     println!(
         "trace {}: {} requests over {:.0} s, replayed over {:.0} s; {} engines, block {} tokens, {} blocks each",
         q.trace,
-        reqs.len(),
-        span_ms as f64 / 1e3,
-        span_ms as f64 / 1e3 / q.speedup,
+        w.requests.len(),
+        span_s,
+        span_s / q.speedup,
         q.common.engines,
         q.common.block_size,
         q.common.capacity_blocks
@@ -454,56 +370,22 @@ async fn quality(q: Quality) -> Result<()> {
                 continue;
             }
         };
-        let url = format!("{base}/v1/completions");
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(1024)
-            .build()?;
-        let start = Instant::now();
-        let mut tasks = Vec::with_capacity(reqs.len());
-        for i in 0..reqs.len() {
-            let due = Duration::from_secs_f64(reqs[i].at_ms as f64 / 1e3 / q.speedup);
-            if let Some(wait) = due.checked_sub(start.elapsed()) {
-                tokio::time::sleep(wait).await;
-            }
-            let (http, url, reqs) = (http.clone(), url.clone(), Arc::clone(&reqs));
-            let max_tokens = reqs[i].output.min(q.max_output);
-            tasks.push(tokio::spawn(async move {
-                let r = &reqs[i];
-                let body = json!({
-                    "model": MODEL, "prompt": r.prompt, "max_tokens": max_tokens,
-                    "stream": true, "stream_options": {"include_usage": true}
-                });
-                send(&http, &url, body, true).await
-            }));
-        }
-        let mut outs = Vec::with_capacity(tasks.len());
-        for t in tasks {
-            outs.push(t.await.unwrap_or_default());
-        }
+        let mut g = GatewayOptions::new(base, MODEL);
+        g.speedup = q.speedup;
+        g.max_output_tokens = q.max_output;
+        g.max_in_flight = 1 << 16;
+        g.engines = Some(q.common.engines);
+        let r = replay(&w, &g).await?;
         drop(proc);
         fleet.stop().await;
-        let ok: Vec<&Outcome> = outs.iter().filter(|o| o.ok).collect();
-        let mut ttft = Histogram::<u64>::new(3)?;
-        let (mut prompt, mut cached) = (0u64, 0u64);
-        let mut per_engine: BTreeMap<u64, u64> = BTreeMap::new();
-        for o in &ok {
-            ttft.record(o.ttft_us.max(1))?;
-            prompt += o.prompt_tokens;
-            cached += o.cached_tokens;
-            if let Some(e) = o.engine {
-                *per_engine.entry(e).or_default() += 1;
-            }
-        }
-        let mean = ok.len() as f64 / q.common.engines as f64;
-        let busiest = per_engine.values().copied().max().unwrap_or(0) as f64;
         println!(
             "| {target} | {}/{} | {:.1}% | {:.0} | {:.0} | {:.2} |",
-            ok.len(),
-            outs.len(),
-            100.0 * cached as f64 / prompt.max(1) as f64,
-            ms(ttft.value_at_quantile(0.5)),
-            ms(ttft.value_at_quantile(0.99)),
-            if mean > 0.0 { busiest / mean } else { 0.0 },
+            r.ok,
+            r.requests,
+            100.0 * r.hit_rate(),
+            r.ttft_ms.p50,
+            r.ttft_ms.p99,
+            r.busiest_over_mean().unwrap_or(0.0),
         );
     }
     Ok(())
@@ -559,26 +441,22 @@ async fn overhead(o: Overhead) -> Result<()> {
                     if let Some(wait) = due.checked_sub(start.elapsed()) {
                         tokio::time::sleep(wait).await;
                     }
-                    let mut prompt = String::with_capacity(o.prompt);
-                    block_text(
-                        (rate as u64) << 40 | (stream as u64) << 39 | i as u64,
-                        &mut prompt,
-                        o.prompt,
-                    );
+                    let id = (rate as u64) << 40 | (stream as u64) << 39 | i as u64;
+                    let prompt = random_text(id, o.prompt);
                     let body = json!({
                         "model": MODEL, "prompt": prompt, "max_tokens": o.max_tokens,
                         "stream": stream
                     });
                     let (http, url) = (http.clone(), urls[i % urls.len()].clone());
-                    tasks.push(tokio::spawn(async move {
-                        send(&http, &url, body, stream).await
-                    }));
+                    tasks.push(tokio::spawn(
+                        async move { complete(&http, &url, &body).await },
+                    ));
                 }
                 let mut h = Histogram::<u64>::new(3)?;
                 let mut ok = 0;
                 for t in tasks {
                     let r = t.await.unwrap_or_default();
-                    if r.ok {
+                    if r.error.is_none() {
                         ok += 1;
                         h.record(r.e2e_us.max(1))?;
                     }
