@@ -67,8 +67,8 @@ impl GatewayOptions {
     /// Checks the settings ([`replay`] calls it first).
     pub fn validate(&self) -> Result<(), ReplayError> {
         let bad = |m: &str| Err(ReplayError::Config(m.into()));
-        if !(self.speedup.is_finite() && self.speedup > 0.0) {
-            return bad("speedup must be a positive number");
+        if !(1e-3..=1e6).contains(&self.speedup) {
+            return bad("speedup must be a positive number from 0.001 to 1000000");
         }
         if self.max_output_tokens == 0 || self.max_in_flight == 0 {
             return bad("max output tokens and requests in flight must be at least 1");
@@ -224,16 +224,18 @@ impl Completion {
 }
 
 /// Reads a body to its end: server-sent events if `stream`, else one JSON
-/// object. `None` if it broke off or did not parse.
+/// object. The error kind if it broke off (`timeout`, `body`) or did not
+/// parse (`body`).
 async fn read_body(
     mut r: reqwest::Response,
     stream: bool,
     t: Instant,
     out: &mut Completion,
-) -> Option<()> {
+) -> Result<(), &'static str> {
     let mut buf = Vec::new();
     let mut id = None;
-    while let Some(chunk) = r.chunk().await.ok()? {
+    let broke = |e: reqwest::Error| if e.is_timeout() { "timeout" } else { "body" };
+    while let Some(chunk) = r.chunk().await.map_err(broke)? {
         if out.ttft_us == 0 && stream {
             out.ttft_us = t.elapsed().as_micros() as u64;
         }
@@ -251,10 +253,11 @@ async fn read_body(
     }
     if !stream {
         out.ttft_us = t.elapsed().as_micros() as u64;
-        out.read(&serde_json::from_slice::<Value>(&buf).ok()?, &mut id);
+        let v = serde_json::from_slice::<Value>(&buf).map_err(|_| "body")?;
+        out.read(&v, &mut id);
     }
     out.engine = id.and_then(|s| s.rsplit('-').nth(1)?.parse().ok());
-    Some(())
+    Ok(())
 }
 
 /// Posts one completion request (`body`; streamed if its `stream` is
@@ -274,8 +277,8 @@ pub async fn complete(http: &reqwest::Client, url: &str, body: &Value) -> Comple
         return out;
     }
     let stream = body["stream"].as_bool().unwrap_or(false);
-    if read_body(r, stream, t, &mut out).await.is_none() {
-        out.error = Some("body".into());
+    if let Err(kind) = read_body(r, stream, t, &mut out).await {
+        out.error = Some(kind.into());
     }
     out.e2e_us = t.elapsed().as_micros() as u64;
     out
@@ -297,7 +300,10 @@ pub async fn replay(w: &Workload, opts: &GatewayOptions) -> Result<GatewayReport
     let start = tokio::time::Instant::now();
     let mut tasks = Vec::with_capacity(w.requests.len());
     for req in &w.requests {
-        let at = Duration::from_secs_f64((req.arrival_us - first) as f64 / 1e6 / opts.speedup);
+        // Capped far past any run (2^64 us over the least speedup is more)
+        // so the deadline stays an `Instant`.
+        let at = (req.arrival_us.saturating_sub(first) as f64 / 1e6 / opts.speedup).min(1e15);
+        let at = Duration::from_secs_f64(at);
         tokio::time::sleep_until(start + at).await;
         let late = slots.available_permits() == 0;
         let permit = Arc::clone(&slots)

@@ -115,8 +115,10 @@ async fn a_gateway_that_is_not_there_fails_every_request_and_nothing_else() {
 async fn bad_gateway_options_are_refused() {
     let w = conversations(1, 1);
     let mut opts = GatewayOptions::new("http://127.0.0.1:9", "m");
-    opts.speedup = 0.0;
-    assert!(replay(&w, &opts).await.is_err());
+    for speedup in [0.0, 1e-4, f64::NAN, 1e7] {
+        opts.speedup = speedup;
+        assert!(replay(&w, &opts).await.is_err(), "{speedup}");
+    }
     let mut opts = GatewayOptions::new("not a url", "m");
     opts.max_in_flight = 4;
     assert!(replay(&w, &opts).await.is_err());
