@@ -334,13 +334,27 @@ fn bundled_trace_runs() {
     assert!(text(&out.stdout).contains("200 requests"));
 }
 
+/// Runs `arbor` with `args` and `--json FILE`; checks that it succeeded and
+/// printed `shows`; returns what it printed and the JSON report.
+fn json_run(args: Vec<&str>, shows: &str) -> (String, serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let mut args = args;
+    let path = json.to_str().unwrap().to_string();
+    args.extend(["--json", &path]);
+    let out = arbor(&args);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains(shows), "{stdout}");
+    let r = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    (stdout, r)
+}
+
 /// `--live`: the simulated engines publish over ZMQ in vLLM's wire format
 /// to a router on loopback, which routes every request; each policy's hit
 /// rate must equal the in-process simulation's within one point.
 #[test]
 fn live_routing_through_a_router_matches_the_simulation() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("r.json");
     let mut args = TINY_WORKLOAD.to_vec();
     args.extend([
         "--kv-blocks",
@@ -349,16 +363,7 @@ fn live_routing_through_a_router_matches_the_simulation() {
         "--no-progress",
         "--live",
     ]);
-    args.extend(["--json", json.to_str().unwrap()]);
-    let out = arbor(&args);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
-    assert!(
-        stdout.contains("Routed live by http://127.0.0.1:"),
-        "{stdout}"
-    );
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (stdout, r) = json_run(args, "Routed live by http://127.0.0.1:");
     let local = r["policies"].as_array().unwrap();
     let live = r["live"].as_array().unwrap();
     assert_eq!(live.len(), 5, "{stdout}");
@@ -383,20 +388,9 @@ fn live_routing_through_a_router_matches_the_simulation() {
 /// their conversation's blocks cached.
 #[test]
 fn gateway_replay_through_a_local_fleet() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("g.json");
     let mut args = TINY_WORKLOAD.to_vec();
     args.extend(["--gateway", "--speedup", "50", "--max-output-tokens", "8"]);
-    args.extend(["--json", json.to_str().unwrap()]);
-    let out = arbor(&args);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
-    assert!(
-        stdout.contains("Gateway replay through http://127.0.0.1:"),
-        "{stdout}"
-    );
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (stdout, r) = json_run(args, "Gateway replay through http://127.0.0.1:");
     assert!(r["requests"].as_u64().unwrap() > 10, "{stdout}");
     assert_eq!(r["ok"], r["requests"], "{stdout}");
     let (prompt, cached) = (
