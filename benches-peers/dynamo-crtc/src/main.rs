@@ -50,9 +50,9 @@
 //!     --workers 128 --trace-duplication-factor 4 --block-size 128 --lanes 1,2 --rate 2e6,4e6
 //! ```
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::System;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -70,6 +70,7 @@ use kvindex::{
 };
 use kvreplay::replay::TimelineEntry;
 use kvreplay::{NoProgress, ReplayOptions, WorkloadSource};
+use test_support::counting::{self, Counting};
 
 /// The command line.
 #[derive(Parser)]
@@ -88,6 +89,10 @@ struct Args {
     /// Skip the sequential agreement pass.
     #[arg(long)]
     no_agreement: bool,
+    /// Run only this index's overload runs and print its figures (to
+    /// profile one index alone): concurrent, dynamo-crtc or reference.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(NAMES))]
+    only: Option<String>,
     /// Keep the simulated engines' own external block hashes (salted per
     /// worker, as engines with per-process hash seeds publish them) instead
     /// of renaming them, per worker, to the sequence hash of the block's
@@ -103,28 +108,11 @@ struct Args {
 /// The indexes, in the order each repeat runs them.
 const NAMES: [&str; 3] = ["concurrent", "dynamo-crtc", "reference"];
 
-struct Counting;
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-// SAFETY: forwards to `System` unchanged; only counts bytes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: caller's contract.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size() as isize, Ordering::Relaxed);
-        // SAFETY: caller's contract.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        LIVE.fetch_add(n as isize - l.size() as isize, Ordering::Relaxed);
-        // SAFETY: caller's contract.
-        unsafe { System.realloc(p, l, n) }
-    }
-}
+/// The system allocator, counted per thread shard: the producer, the lanes
+/// and the lookup threads all allocate, and one process-wide counter would
+/// have every allocation take its cache line from the other cores.
 #[global_allocator]
-static A: Counting = Counting;
+static A: Counting<System> = Counting(System);
 
 fn to_dynamo(ev: &KvEvent) -> RouterEvent {
     let data = match &ev.data {
@@ -639,7 +627,7 @@ fn us(h: &Histogram<u64>, q: f64) -> f64 {
 
 /// Live heap bytes the allocator counts now.
 fn live() -> isize {
-    LIVE.load(Ordering::Relaxed)
+    counting::counts().live_bytes as isize
 }
 
 fn main() {
@@ -740,6 +728,21 @@ fn main() {
     let mut final_bad = [0usize; 3];
     let mut runs = [0usize; 3];
 
+    if let Some(only) = &args.only {
+        for &lanes in &lanes_list {
+            for _ in 0..repeats {
+                let r = run_index(only, &data, lanes, None, &ag.final_scores, &rt);
+                println!(
+                    "{only}, {lanes} event lanes: {:.0} write ops/s, lookup p50/p99 {:.2}/{:.2} µs, {} final disagreements",
+                    data.event_ops as f64 / r.write_s,
+                    us(&r.service, 0.5),
+                    us(&r.service, 0.99),
+                    r.final_disagreements
+                );
+            }
+        }
+        return;
+    }
     if !args.no_overload {
         for &lanes in &lanes_list {
             let mut res: Vec<Vec<RunStats>> = (0..NAMES.len()).map(|_| Vec::new()).collect();
@@ -856,9 +859,11 @@ fn main() {
     kvindex::reclaim_deferred();
     let before = live();
     let ours = ConcurrentIndex::new();
+    let t = Instant::now();
     for ev in &data.events {
         ours.apply(ev).expect("applies");
     }
+    let our_apply = t.elapsed();
     kvindex::reclaim_deferred();
     let our_bytes = live() - before;
     let held: usize = ours
@@ -880,13 +885,20 @@ fn main() {
     let before = live();
     let crtc = ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), 1, data.block_size);
     // Flushed every 256 events, so its queue stays short.
+    let t = Instant::now();
     for chunk in data.dyn_events.chunks(256) {
         for ev in chunk {
             crtc.enqueue_event(ev.clone()).expect("enqueue");
         }
         rt.block_on(crtc.flush_and_wait()).expect("flush");
     }
+    let dyn_apply = t.elapsed();
     let dyn_bytes = live() - before;
+    println!(
+        "\nevents applied alone (no lookups, populating for the memory figures): concurrent {:.1} ms on this thread, dynamo-crtc {:.1} ms on its lane (flushed every 256 events)",
+        our_apply.as_secs_f64() * 1e3,
+        dyn_apply.as_secs_f64() * 1e3
+    );
     println!(
         "\nmemory: {held} held (worker, block) pairs (reference {ref_held}); bytes per stored block: concurrent {:.1}, dynamo-crtc {:.1} (with its 1-lane ThreadPoolIndexer's own state), reference {:.1}",
         our_bytes as f64 / held.max(1) as f64,

@@ -11,55 +11,27 @@
 //! the work the reconciler's figure cannot go below while both serialise
 //! on the table's lock.
 
-use std::alloc::{GlobalAlloc, Layout};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reconciler::{Config, OpError, Operations, Reconciler, Status, StatusKind, Target};
 use statedb::{Db, Index, Objects, ReadTxn, Revision, Table};
+use test_support::counting::{self, Counting};
 use test_support::fast_mimalloc::FastMiMalloc;
 
-/// mimalloc (as statedb's benches use) with counts of what is allocated.
-struct Counting;
-
-static TOTAL_BYTES: AtomicU64 = AtomicU64::new(0);
-static TOTAL_OBJECTS: AtomicU64 = AtomicU64::new(0);
-static LIVE_BYTES: AtomicU64 = AtomicU64::new(0);
-static LIVE_OBJECTS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded unchanged to `FastMiMalloc`, which
-// upholds `GlobalAlloc`'s contract; the counters only observe sizes.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        TOTAL_BYTES.fetch_add(l.size() as u64, Relaxed);
-        TOTAL_OBJECTS.fetch_add(1, Relaxed);
-        LIVE_BYTES.fetch_add(l.size() as u64, Relaxed);
-        LIVE_OBJECTS.fetch_add(1, Relaxed);
-        // SAFETY: our caller's contract is the allocator's.
-        unsafe { FastMiMalloc.alloc(l) }
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE_BYTES.fetch_sub(l.size() as u64, Relaxed);
-        LIVE_OBJECTS.fetch_sub(1, Relaxed);
-        // SAFETY: `p` came from `alloc`/`realloc` above with layout `l`.
-        unsafe { FastMiMalloc.dealloc(p, l) }
-    }
-
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        TOTAL_BYTES.fetch_add(new as u64, Relaxed);
-        TOTAL_OBJECTS.fetch_add(1, Relaxed);
-        LIVE_BYTES.fetch_add(new as u64, Relaxed);
-        LIVE_BYTES.fetch_sub(l.size() as u64, Relaxed);
-        // SAFETY: as for `dealloc`, and `new` is non-zero by contract.
-        unsafe { FastMiMalloc.realloc(p, l, new) }
-    }
-}
-
+/// mimalloc (as statedb's benches use), counted per thread: the inserting
+/// thread and the reconciler both allocate for every object, and one set
+/// of counters would have them take its cache line from each other on
+/// every allocation.
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: Counting<FastMiMalloc> = Counting(FastMiMalloc);
+
+/// (total bytes, live bytes, live allocations) so far.
+fn now() -> (u64, u64, u64) {
+    let c = counting::counts();
+    (c.total_bytes, c.live_bytes as u64, c.live_allocs as u64)
+}
 
 /// Go's `testObject`: an id and a status.
 #[derive(Clone, Debug)]
@@ -125,8 +97,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let inserts_only = args.next().is_some_and(|a| a == "inserts");
     const BATCH: u64 = 1000;
 
-    let (bytes0, objects0) = (LIVE_BYTES.load(Relaxed), LIVE_OBJECTS.load(Relaxed));
-    let total0 = TOTAL_BYTES.load(Relaxed);
+    let (total0, bytes0, objects0) = now();
 
     let db = Db::new();
     let id = Index::unique("id", |o: &TestObject| o.id);
@@ -159,8 +130,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "{objects} objects inserted in {took:.3} s: {:.0} objects/s; in use {} objects, {:.1} MB",
             objects as f64 / took,
-            LIVE_OBJECTS.load(Relaxed) - objects0,
-            mb(LIVE_BYTES.load(Relaxed) - bytes0),
+            now().2 - objects0,
+            mb(now().1 - bytes0),
         );
         // The write-back alone: every object's status set done by
         // compare-and-swap, in transactions of 1000, on one thread.
@@ -187,8 +158,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!(
             "{objects} statuses written back in {took:.3} s: {:.0} objects/s; in use {} objects, {:.1} MB",
             objects as f64 / took,
-            LIVE_OBJECTS.load(Relaxed) - objects0,
-            mb(LIVE_BYTES.load(Relaxed) - bytes0),
+            now().2 - objects0,
+            mb(now().1 - bytes0),
         );
         return Ok(());
     }
@@ -237,9 +208,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(r);
     db.collect_garbage();
 
-    let live_bytes = LIVE_BYTES.load(Relaxed) - bytes0;
-    let live_objects = LIVE_OBJECTS.load(Relaxed) - objects0;
-    let total = TOTAL_BYTES.load(Relaxed) - total0;
+    let (total, live_bytes, live_objects) = now();
+    let (total, live_bytes, live_objects) =
+        (total - total0, live_bytes - bytes0, live_objects - objects0);
     let secs = took.as_secs_f64();
     println!(
         "{objects} objects reconciled in {secs:.3} s (inserts done at {:.3} s; round size {round_size}, write batches of {BATCH})",
