@@ -41,7 +41,11 @@
 //! three and compares the scores of every lookup at that point (quiescent:
 //! Dynamo's lane flushed first), and every run's final state is compared
 //! with the sequential pass's on every lookup. Memory: each index populated
-//! alone, heap bytes per stored (worker, block) pair.
+//! alone, heap bytes per stored (worker, block) pair, counted per thread
+//! shard (`test_support::counting`: one counter every thread writes would
+//! be measured with the indexes), and how long that population took (the
+//! events applied alone, no lookups). `--only NAME` runs one index's
+//! overload runs and nothing else, for a profiler.
 //!
 //! ```sh
 //! cd benches-peers/dynamo-crtc
