@@ -7,17 +7,16 @@
 //! --stress` replays), shrunk to [`FLEET`] small engines so the tests stay
 //! fast, applied in global time order.
 
+use std::alloc::System;
 use std::sync::OnceLock;
 
 use kvindex::{ConcurrentIndex, KvEvent, KvEventData, KvIndexer, ReferenceIndex, WorkerKey};
 use kvreplay::synth::SynthConfig;
 use kvreplay::{NoProgress, ReplayOptions, WorkloadSource};
-
-use live_bytes::live;
-use test_support::live_bytes;
+use test_support::counting::{live, Counting};
 
 #[global_allocator]
-static A: live_bytes::LiveBytes = live_bytes::LiveBytes;
+static A: Counting<System> = Counting(System);
 
 /// What crossbeam-epoch's collector may keep between collections.
 const EPOCH_ALLOWANCE: isize = 16 * 1024;

@@ -10,14 +10,15 @@
 // The benchmark suite's fixtures: Go's `testObject`, its tables.
 #[path = "../benches/common.rs"]
 mod common;
-use test_support::live_bytes;
+
+use std::alloc::System;
 
 use common::{new_db_named, obj, tagged, Bench, TestObject};
-use live_bytes::live;
 use statedb::{Db, DbOptions, Table};
+use test_support::counting::{live, Counting};
 
 #[global_allocator]
-static A: live_bytes::LiveBytes = live_bytes::LiveBytes;
+static A: Counting<System> = Counting(System);
 
 const N: u64 = 100_000;
 

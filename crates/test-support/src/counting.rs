@@ -87,6 +87,12 @@ pub fn counts() -> Counts {
     })
 }
 
+/// Heap bytes allocated and not yet freed, process-wide (what the memory
+/// tests measure).
+pub fn live() -> isize {
+    counts().live_bytes as isize
+}
+
 // SAFETY: every call is forwarded unchanged to `A`, which upholds
 // `GlobalAlloc`'s contract; the counters only observe sizes.
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
