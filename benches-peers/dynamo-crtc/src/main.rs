@@ -74,7 +74,7 @@ use kvindex::{
 };
 use kvreplay::replay::TimelineEntry;
 use kvreplay::{NoProgress, ReplayOptions, WorkloadSource};
-use test_support::counting::{self, Counting};
+use test_support::counting::{live, Counting};
 
 /// The command line.
 #[derive(Parser)]
@@ -627,11 +627,6 @@ fn us(h: &Histogram<u64>, q: f64) -> f64 {
     } else {
         h.value_at_quantile(q) as f64 / 1e3
     }
-}
-
-/// Live heap bytes the allocator counts now.
-fn live() -> isize {
-    counting::counts().live_bytes as isize
 }
 
 fn main() {
