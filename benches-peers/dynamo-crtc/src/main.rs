@@ -865,6 +865,7 @@ fn main() {
     let our_apply = t.elapsed();
     kvindex::reclaim_deferred();
     let our_bytes = live() - before;
+    println!("concurrent heap by part: {:?}", ours.heap_bytes());
     let held: usize = ours
         .workers()
         .iter()

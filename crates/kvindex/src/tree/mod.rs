@@ -7,6 +7,7 @@
 //!
 //! The protocol is described in `docs/design.md`.
 
+mod blockmap;
 mod node;
 mod read;
 mod snapshot;
@@ -25,6 +26,7 @@ use crate::hash::{ExternalHash, LocalHash};
 use crate::scores::OverlapScores;
 use crate::stats::{admit_local, Admit, Counters, GapHandler, IndexStats};
 use crate::KvIndexer;
+use blockmap::BlockMap;
 use node::{Node, NodeRef, Wid};
 
 type FMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -53,7 +55,7 @@ struct Slot {
 pub(crate) struct WorkerState {
     id: Wid,
     last_event_id: Option<u64>,
-    blocks: FMap<ExternalHash, Loc>,
+    blocks: BlockMap,
     slots: Vec<Slot>,
     free_slots: Vec<u32>,
     /// Node address -> slot, for reusing a slot when adding blocks to a
@@ -75,7 +77,7 @@ impl WorkerState {
         Self {
             id,
             last_event_id: None,
-            blocks: FMap::default(),
+            blocks: BlockMap::default(),
             slots: Vec::new(),
             free_slots: Vec::new(),
             slot_of: FMap::default(),
@@ -108,32 +110,19 @@ impl WorkerState {
         s
     }
 
-    /// Makes room for `more` new entries in the block map. hashbrown, left
-    /// to itself, doubles its table whenever the live entries are past half
-    /// of it, counting the tombstones removals leave as used: a worker whose
-    /// cache churns at a steady size then keeps two to four buckets per
-    /// entry (17 bytes each). Rebuilt here at 1.25x what is needed instead,
-    /// which also drops the tombstones: amortized one move per removal.
+    /// Makes room for `more` new entries in the block map.
     fn reserve_blocks(&mut self, more: usize) {
-        if self.blocks.capacity() - self.blocks.len() >= more {
-            return;
-        }
-        let need = self.blocks.len() + more;
-        let mut fresh = FMap::with_capacity_and_hasher(need + need / 4, *self.blocks.hasher());
-        fresh.extend(self.blocks.drain());
-        self.blocks = fresh;
+        self.blocks.reserve(more);
     }
 
     /// Records `ext` at (`slot`, `depth`); false if `ext` is already known.
     #[inline]
     fn insert_block(&mut self, ext: ExternalHash, slot: u32, depth: u32) -> bool {
-        match self.blocks.entry(ext) {
-            hashbrown::hash_map::Entry::Occupied(_) => false,
-            hashbrown::hash_map::Entry::Vacant(v) => {
-                v.insert(Loc { slot, depth });
-                self.slots[slot as usize].refs += 1;
-                true
-            }
+        if self.blocks.insert_new(ext, Loc { slot, depth }) {
+            self.slots[slot as usize].refs += 1;
+            true
+        } else {
+            false
         }
     }
 
@@ -177,7 +166,7 @@ impl WorkerState {
 
     /// Forgets every block and slot.
     fn reset(&mut self) {
-        self.blocks = FMap::default();
+        self.blocks = BlockMap::default();
         self.slots = Vec::new();
         self.free_slots = Vec::new();
         self.slot_of = FMap::default();

@@ -27,8 +27,7 @@ impl ConcurrentIndex {
                 continue;
             }
             let mut r = Rev::default();
-            let locs: Vec<(ExternalHash, super::Loc)> =
-                st.blocks.iter().map(|(e, l)| (*e, *l)).collect();
+            let locs: Vec<(ExternalHash, super::Loc)> = st.blocks.iter().collect();
             for (ext, loc) in locs {
                 if let Some(g) = self.lock_loc(st, loc) {
                     let ptr = Arc::as_ptr(WGuard::rwlock(&g)) as usize;
@@ -38,7 +37,7 @@ impl ConcurrentIndex {
             workers.push(DumpWorker {
                 key: *key,
                 last_event_id: st.last_event_id,
-                externals: st.blocks.keys().copied().collect::<HashSet<_>>(),
+                externals: st.blocks.iter().map(|(e, _)| e).collect::<HashSet<_>>(),
             });
             rev.insert(st.id, r);
         }

@@ -160,7 +160,7 @@ impl ConcurrentIndex {
         while let Some(&b) = blocks.get(st.i) {
             // A block the worker already holds under this id: a replay.
             // The chain continues from where that block lives.
-            if let Some(&loc) = ws.blocks.get(&b.external) {
+            if let Some(loc) = ws.blocks.get(&b.external) {
                 if self.resume_at(ws, &mut cur, loc, b.external) {
                     st.i += 1;
                 }
@@ -219,7 +219,7 @@ impl ConcurrentIndex {
                 next: 0,
             });
         };
-        let g = ws.blocks.get(&p).copied().and_then(|loc| {
+        let g = ws.blocks.get(&p).and_then(|loc| {
             let d = loc.depth;
             self.lock_loc(ws, loc).map(|g| (g, d))
         });
@@ -460,9 +460,7 @@ impl ConcurrentIndex {
             }
             i = j;
         }
-        if ws.blocks.capacity() > 64 && ws.blocks.len() * 4 < ws.blocks.capacity() {
-            ws.blocks.shrink_to_fit();
-        }
+        ws.blocks.shrink_if_sparse();
     }
 
     /// Removes worker `w` from run offsets `lo..=hi` of the locked node `g`
@@ -505,7 +503,7 @@ impl ConcurrentIndex {
         let w = ws.id;
         let mut nodes: HashMap<usize, NodeRef, foldhash::fast::RandomState> = HashMap::default();
         let mut removed = 0u64;
-        let locs: Vec<Loc> = ws.blocks.values().copied().collect();
+        let locs: Vec<Loc> = ws.blocks.iter().map(|(_, l)| l).collect();
         for loc in locs {
             removed += 1;
             let Some(mut g) = self.lock_loc(ws, loc) else {
