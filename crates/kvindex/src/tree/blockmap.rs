@@ -12,37 +12,28 @@
 //! more) goes to a second map of full entries, empty in practice: every
 //! read checks it only when it is not empty.
 
-use std::hash::{Hash, Hasher};
+use std::hash::BuildHasher;
 
-use hashbrown::hash_map::Entry;
-use hashbrown::HashMap;
+use hashbrown::hash_table::Entry;
+use hashbrown::{HashMap, HashTable};
 
 use super::Loc;
 use crate::hash::ExternalHash;
 
-type Hasher_ = foldhash::fast::RandomState;
+type State = foldhash::fast::RandomState;
 
-/// An external hash stored as two `u32`s, so an entry with a `u32` value
-/// is 12 bytes, not 16. Hashes exactly as the `u64` does.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Key([u32; 2]);
-
-impl Key {
-    #[inline(always)]
-    fn new(e: ExternalHash) -> Key {
-        Key([e.0 as u32, (e.0 >> 32) as u32])
-    }
-
-    #[inline(always)]
-    fn get(self) -> ExternalHash {
-        ExternalHash(u64::from(self.0[0]) | (u64::from(self.0[1]) << 32))
-    }
+/// One entry: the external hash as two `u32`s (alignment 4, so 12 bytes
+/// where a `u64` key would make 16) and the packed location.
+#[derive(Clone, Copy)]
+struct Slot {
+    key: [u32; 2],
+    loc: u32,
 }
 
-impl Hash for Key {
+impl Slot {
     #[inline(always)]
-    fn hash<H: Hasher>(&self, h: &mut H) {
-        self.get().hash(h)
+    fn key(&self) -> u64 {
+        u64::from(self.key[0]) | (u64::from(self.key[1]) << 32)
     }
 }
 
@@ -65,20 +56,27 @@ fn unpack(v: u32) -> Loc {
 }
 
 /// External hash -> location for one worker. A key is in at most one of
-/// the two maps.
+/// the two tables. A `HashTable` rather than a `HashMap` for the packed
+/// one: a rebuild moves entries without comparing keys.
 #[derive(Default)]
 pub(crate) struct BlockMap {
-    narrow: HashMap<Key, u32, Hasher_>,
+    narrow: HashTable<Slot>,
+    state: State,
     /// Locations that do not pack (usually empty).
-    wide: HashMap<ExternalHash, Loc, Hasher_>,
+    wide: HashMap<ExternalHash, Loc, State>,
 }
 
 impl BlockMap {
+    #[inline(always)]
+    fn hash(&self, e: u64) -> u64 {
+        self.state.hash_one(e)
+    }
+
     /// Where `e` is.
     #[inline(always)]
     pub(crate) fn get(&self, e: &ExternalHash) -> Option<Loc> {
-        match self.narrow.get(&Key::new(*e)) {
-            Some(&v) => Some(unpack(v)),
+        match self.narrow.find(self.hash(e.0), |s| s.key() == e.0) {
+            Some(s) => Some(unpack(s.loc)),
             None if self.wide.is_empty() => None,
             None => self.wide.get(e).copied(),
         }
@@ -91,14 +89,25 @@ impl BlockMap {
         if !self.wide.is_empty() && self.wide.contains_key(&e) {
             return false;
         }
-        match (self.narrow.entry(Key::new(e)), pack(loc)) {
-            (Entry::Occupied(_), _) => false,
-            (Entry::Vacant(v), Some(p)) => {
-                v.insert(p);
-                true
-            }
-            (Entry::Vacant(_), None) => {
-                self.wide.insert(e, loc);
+        let h = self.hash(e.0);
+        let state = &self.state;
+        match self
+            .narrow
+            .entry(h, |s| s.key() == e.0, |s| state.hash_one(s.key()))
+        {
+            Entry::Occupied(_) => false,
+            Entry::Vacant(v) => {
+                match pack(loc) {
+                    Some(p) => {
+                        v.insert(Slot {
+                            key: [e.0 as u32, (e.0 >> 32) as u32],
+                            loc: p,
+                        });
+                    }
+                    None => {
+                        self.wide.insert(e, loc);
+                    }
+                }
                 true
             }
         }
@@ -107,10 +116,10 @@ impl BlockMap {
     /// Removes `e`; where it was.
     #[inline(always)]
     pub(crate) fn remove(&mut self, e: &ExternalHash) -> Option<Loc> {
-        match self.narrow.remove(&Key::new(*e)) {
-            Some(v) => Some(unpack(v)),
-            None if self.wide.is_empty() => None,
-            None => self.wide.remove(e),
+        match self.narrow.find_entry(self.hash(e.0), |s| s.key() == e.0) {
+            Ok(o) => Some(unpack(o.remove().0.loc)),
+            Err(_) if self.wide.is_empty() => None,
+            Err(_) => self.wide.remove(e),
         }
     }
 
@@ -121,7 +130,7 @@ impl BlockMap {
 
     /// Every entry, in no order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (ExternalHash, Loc)> + '_ {
-        let narrow = self.narrow.iter().map(|(k, &v)| (k.get(), unpack(v)));
+        let narrow = (self.narrow.iter()).map(|s| (ExternalHash(s.key()), unpack(s.loc)));
         narrow.chain(self.wide.iter().map(|(&e, &l)| (e, l)))
     }
 
@@ -130,21 +139,26 @@ impl BlockMap {
     /// counting the tombstones removals leave as used: a worker whose
     /// cache churns at a steady size then keeps two to four buckets per
     /// entry. Rebuilt here at 1.25x what is needed instead, which also
-    /// drops the tombstones: amortized one move per removal.
+    /// drops the tombstones: amortized one move per removal, each a hash
+    /// and a write (no key compared).
     pub(crate) fn reserve(&mut self, more: usize) {
         if self.narrow.capacity() - self.narrow.len() >= more {
             return;
         }
         let need = self.narrow.len() + more;
-        let mut fresh = HashMap::with_capacity_and_hasher(need + need / 4, *self.narrow.hasher());
-        fresh.extend(self.narrow.drain());
+        let state = &self.state;
+        let mut fresh = HashTable::with_capacity(need + need / 4);
+        for s in self.narrow.drain() {
+            fresh.insert_unique(state.hash_one(s.key()), s, |s| state.hash_one(s.key()));
+        }
         self.narrow = fresh;
     }
 
     /// Gives memory back once at most a quarter of the table is used.
     pub(crate) fn shrink_if_sparse(&mut self) {
         if self.narrow.capacity() > 64 && self.narrow.len() * 4 < self.narrow.capacity() {
-            self.narrow.shrink_to_fit();
+            let state = &self.state;
+            self.narrow.shrink_to_fit(|s| state.hash_one(s.key()));
         }
         if self.wide.capacity() > 64 && self.wide.len() * 4 < self.wide.capacity() {
             self.wide.shrink_to_fit();
@@ -165,7 +179,7 @@ mod tests {
 
     #[test]
     fn an_entry_is_twelve_bytes() {
-        assert_eq!(std::mem::size_of::<(Key, u32)>(), 12);
+        assert_eq!(std::mem::size_of::<Slot>(), 12);
     }
 
     #[test]
@@ -184,7 +198,11 @@ mod tests {
             depth: 65_536
         })
         .is_none());
-        assert_eq!(Key::new(ExternalHash(u64::MAX - 5)).get().0, u64::MAX - 5);
+        let s = Slot {
+            key: [(u64::MAX - 5) as u32, ((u64::MAX - 5) >> 32) as u32],
+            loc: 0,
+        };
+        assert_eq!(s.key(), u64::MAX - 5);
     }
 
     #[derive(Debug, Clone)]

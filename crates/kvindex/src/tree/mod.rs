@@ -116,7 +116,7 @@ impl WorkerState {
     }
 
     /// Records `ext` at (`slot`, `depth`); false if `ext` is already known.
-    #[inline]
+    #[inline(always)]
     fn insert_block(&mut self, ext: ExternalHash, slot: u32, depth: u32) -> bool {
         if self.blocks.insert_new(ext, Loc { slot, depth }) {
             self.slots[slot as usize].refs += 1;
