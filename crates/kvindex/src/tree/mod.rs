@@ -110,11 +110,6 @@ impl WorkerState {
         s
     }
 
-    /// Makes room for `more` new entries in the block map.
-    fn reserve_blocks(&mut self, more: usize) {
-        self.blocks.reserve(more);
-    }
-
     /// Records `ext` at (`slot`, `depth`); false if `ext` is already known.
     #[inline(always)]
     fn insert_block(&mut self, ext: ExternalHash, slot: u32, depth: u32) -> bool {

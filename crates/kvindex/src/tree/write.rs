@@ -394,7 +394,7 @@ impl ConcurrentIndex {
         let room = MAX_RUN - run.len();
         let want = (blocks.len() - i).min(room);
         run.reserve(want);
-        ws.reserve_blocks(want);
+        ws.blocks.reserve(want);
         let slot = ws.slot_for(node);
         while let Some(bb) = blocks.get(i + n) {
             if n == room
