@@ -1,5 +1,6 @@
 //! Time to tokenize a prompt as the gateway does: the built-in byte-level
-//! tokenizer and the word-level test model, completions and chats.
+//! tokenizer and the word-level test model, completions and chats, and a
+//! long prompt whose text the prefix cache has seen.
 //!
 //! `cargo run --release -p kvrouter --example tokenize`
 use std::time::Instant;
@@ -46,6 +47,20 @@ fn main() {
             &builtin,
             Endpoint::ChatCompletions,
             &json!({"messages": [{"role": "user", "content": text(n)}]}),
+        );
+    }
+    // A conversation's next turn: its history was tokenized before (the
+    // prefix cache holds its chunks); only the text after the last cut is
+    // encoded.
+    let cached = ModelTokenizer::builtin().with_prefix_cache(4 << 20);
+    for n in [12_000, 85_000] {
+        let history = text(n);
+        cached.encode(&history, true).expect("tokenizes");
+        time(
+            &format!("builtin completion, {n} bytes, cached"),
+            &cached,
+            Endpoint::Completions,
+            &json!({"prompt": format!("{history}{}", text(500))}),
         );
     }
     let dir = std::env::temp_dir().join(format!("kvrouter-tokenize-{}", std::process::id()));

@@ -249,6 +249,12 @@ pub struct RouterArgs {
     /// the tokenizer's `model_max_length`, else --max-request-tokens).
     #[arg(long)]
     pub max_context_tokens: Option<usize>,
+    /// Prompt tokens the gateway keeps per model to skip tokenizing text it
+    /// has seen: a conversation's next turn resends its history, and only
+    /// the new text is tokenized (same tokens; for tokenizers whose
+    /// `tokenizer.json` shows where text can be cut; 0: off).
+    #[arg(long, default_value_t = 4 << 20)]
+    pub tokenizer_cache_tokens: usize,
     /// Seconds between health checks of each engine (`GET URL/health`);
     /// an engine failing one is not routed to until one passes (0: none).
     #[arg(long, value_parser = parse_secs, default_value = "5")]

@@ -20,6 +20,11 @@ use std::path::{Path, PathBuf};
 use minijinja::{Environment, ErrorKind, Value};
 use serde_json::Value as Json;
 
+mod prefix;
+
+pub use prefix::CacheStats;
+use prefix::{Cuts, PrefixCache};
+
 /// Which OpenAI endpoint a request body is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -68,6 +73,15 @@ pub struct ModelTokenizer {
     /// Special tokens the template sees (`bos_token`, `eos_token`, ...).
     specials: serde_json::Map<String, Json>,
     max_context: Option<usize>,
+    /// Where the tokenizer's output may be cut, if its structure says.
+    cuts: Option<Cuts>,
+    /// Added tokens' texts.
+    added: Vec<String>,
+    /// What adding special tokens puts before and after a text's tokens,
+    /// if it is the same for every text.
+    around: Option<(Vec<u32>, Vec<u32>)>,
+    /// Chunks of prompts seen before ([`ModelTokenizer::with_prefix_cache`]).
+    cache: Option<PrefixCache>,
 }
 
 impl std::fmt::Debug for ModelTokenizer {
@@ -163,12 +177,62 @@ impl ModelTokenizer {
             Some(src) => Some(environment(src)?),
             None => None,
         };
+        let structure: Json = serde_json::from_slice(tokenizer_json)
+            .map_err(|e| TokenizeError::Load(format!("tokenizer.json: {e}")))?;
+        let added = (structure["added_tokens"].as_array().into_iter().flatten())
+            .filter_map(|t| t["content"].as_str().map(String::from))
+            .collect();
+        let around = specials_around(&tokenizer);
         Ok(Self {
             tokenizer,
             env,
             specials,
             max_context,
+            cuts: Cuts::of(&structure),
+            added,
+            around,
+            cache: None,
         })
+    }
+
+    /// Keeps the tokens of up to `budget` tokens' worth of prompt chunks,
+    /// so a prompt that starts with text seen before (a conversation's
+    /// next turn) has only its new text encoded; the tokens are the same
+    /// as without it. Off (every prompt encoded whole) for `budget` 0 and
+    /// for a tokenizer whose structure does not show where its output can
+    /// be cut (see `tokenize/prefix.rs`).
+    pub fn with_prefix_cache(mut self, budget: usize) -> Self {
+        self.cache = match (self.cuts, &self.around) {
+            (Some(cuts), Some(_)) if budget > 0 => Some(PrefixCache::new(
+                cuts,
+                self.added.clone(),
+                budget,
+                prefix::CHUNK_BYTES,
+            )),
+            _ => None,
+        };
+        self
+    }
+
+    /// [`Self::with_prefix_cache`] with chunks of at least `chunk` bytes.
+    #[cfg(test)]
+    fn with_prefix_cache_chunks(mut self, budget: usize, chunk: usize) -> Self {
+        self = self.with_prefix_cache(budget);
+        if let Some(c) = self.cache.take() {
+            self.cache = Some(PrefixCache::new(
+                c.cuts(),
+                self.added.clone(),
+                budget,
+                chunk,
+            ));
+        }
+        self
+    }
+
+    /// Tokens the prefix cache gave and tokens encoded through it so far;
+    /// `None` when there is no cache.
+    pub fn prefix_cache_stats(&self) -> Option<CacheStats> {
+        self.cache.as_ref().map(PrefixCache::stats)
     }
 
     /// One token per byte, a ChatML chat template, `<|im_start|>` and
@@ -203,8 +267,31 @@ impl ModelTokenizer {
         self.env.is_some()
     }
 
-    /// Encodes text.
+    /// Encodes text (through the prefix cache when there is one).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
+        let (Some(cache), Some((before, after))) = (&self.cache, &self.around) else {
+            return self.encode_whole(text, add_special_tokens);
+        };
+        if !cache.worth(text.len()) {
+            return self.encode_whole(text, add_special_tokens);
+        }
+        let body = cache.encode(text, |s| self.encode_whole(s, false))?;
+        if !add_special_tokens {
+            return Ok(body);
+        }
+        let mut out = Vec::with_capacity(before.len() + body.len() + after.len());
+        out.extend_from_slice(before);
+        out.extend_from_slice(&body);
+        out.extend_from_slice(after);
+        Ok(out)
+    }
+
+    /// Encodes text in one call to the tokenizer.
+    fn encode_whole(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizeError> {
         let enc = self
             .tokenizer
             .encode_fast(text, add_special_tokens)
@@ -329,6 +416,25 @@ impl ModelTokenizer {
 
 const PROMPT_SHAPE: &str =
     "\"prompt\" must be a string, an array of strings, an array of token ids or an array of such arrays";
+
+/// The tokens adding special tokens puts before and after a text's own,
+/// if the same for two unlike texts (a post-processor's fixed template).
+fn specials_around(t: &tokenizers::Tokenizer) -> Option<(Vec<u32>, Vec<u32>)> {
+    let ids = |text: &str, add: bool| (t.encode_fast(text, add).ok()).map(|e| e.get_ids().to_vec());
+    let mut found = None;
+    for probe in ["ab", "a b\ncd 12!"] {
+        let (with, without) = (ids(probe, true)?, ids(probe, false)?);
+        let n = without.len();
+        let k = (0..=with.len().checked_sub(n)?).find(|&k| with[k..k + n] == without[..])?;
+        let pair = (with[..k].to_vec(), with[k + n..].to_vec());
+        match &found {
+            None => found = Some(pair),
+            Some(f) if *f == pair => {}
+            Some(_) => return None,
+        }
+    }
+    found
+}
 
 fn bad(msg: &str) -> TokenizeError {
     TokenizeError::BadRequest(msg.to_string())

@@ -73,15 +73,20 @@ impl Gateway {
     /// client; a directory that does not load is an error.
     pub async fn new(svc: Arc<Service>) -> Result<Arc<Self>, GatewayInitError> {
         let specs = svc.args.tokenizers.clone();
+        let cache = svc.args.tokenizer_cache_tokens;
         let tokenizers = tokio::task::spawn_blocking(move || {
             let mut out = HashMap::new();
             for t in specs {
-                let tok =
-                    ModelTokenizer::load(&t.dir).map_err(|e| GatewayInitError::Tokenizer {
+                let tok = ModelTokenizer::load(&t.dir)
+                    .map_err(|e| GatewayInitError::Tokenizer {
                         model: t.model.clone(),
                         dir: t.dir.display().to_string(),
                         reason: e.to_string(),
-                    })?;
+                    })?
+                    .with_prefix_cache(cache);
+                if cache > 0 && tok.prefix_cache_stats().is_none() {
+                    tracing::info!(model = %t.model, "no tokenizer cache: its tokenizer.json does not show where text can be cut");
+                }
                 out.insert(t.model, Arc::new(tok));
             }
             Ok::<_, GatewayInitError>(out)
@@ -299,6 +304,15 @@ impl Gateway {
         metrics::gauge!("kvrouter_gateway_queued").set(self.limit.queued() as f64);
         for u in self.upstreams.all() {
             u.gauge();
+        }
+        for (model, t) in &self.tokenizers {
+            if let Some(s) = t.prefix_cache_stats() {
+                let m = model.clone();
+                metrics::counter!("kvrouter_gateway_tokenizer_cache_hit_tokens_total", "model" => m)
+                    .absolute(s.hit_tokens);
+                metrics::counter!("kvrouter_gateway_tokenizer_cache_miss_tokens_total", "model" => model.clone())
+                    .absolute(s.encoded_tokens);
+            }
         }
     }
 }
