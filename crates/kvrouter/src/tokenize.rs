@@ -23,7 +23,7 @@ use serde_json::Value as Json;
 mod prefix;
 
 pub use prefix::CacheStats;
-use prefix::{Cuts, PrefixCache};
+use prefix::{Cuts, PrefixCache, Shape};
 
 /// Which OpenAI endpoint a request body is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,13 +73,9 @@ pub struct ModelTokenizer {
     /// Special tokens the template sees (`bos_token`, `eos_token`, ...).
     specials: serde_json::Map<String, Json>,
     max_context: Option<usize>,
-    /// Where the tokenizer's output may be cut, if its structure says.
-    cuts: Option<Cuts>,
-    /// Added tokens' texts.
-    added: Vec<String>,
-    /// What adding special tokens puts before and after a text's tokens,
-    /// if it is the same for every text.
-    around: Option<(Vec<u32>, Vec<u32>)>,
+    /// Where the tokenizer's output may be cut and what its special tokens
+    /// are, if its structure says (else no prefix cache).
+    shape: Option<Shape>,
     /// Chunks of prompts seen before ([`ModelTokenizer::with_prefix_cache`]).
     cache: Option<PrefixCache>,
 }
@@ -179,18 +175,21 @@ impl ModelTokenizer {
         };
         let structure: Json = serde_json::from_slice(tokenizer_json)
             .map_err(|e| TokenizeError::Load(format!("tokenizer.json: {e}")))?;
-        let added = (structure["added_tokens"].as_array().into_iter().flatten())
-            .filter_map(|t| t["content"].as_str().map(String::from))
-            .collect();
-        let around = specials_around(&tokenizer);
+        let shape = Cuts::of(&structure)
+            .zip(specials_around(&tokenizer))
+            .map(|(cuts, around)| Shape {
+                cuts,
+                added: (structure["added_tokens"].as_array().into_iter().flatten())
+                    .filter_map(|t| t["content"].as_str().map(String::from))
+                    .collect(),
+                around,
+            });
         Ok(Self {
             tokenizer,
             env,
             specials,
             max_context,
-            cuts: Cuts::of(&structure),
-            added,
-            around,
+            shape,
             cache: None,
         })
     }
@@ -201,31 +200,15 @@ impl ModelTokenizer {
     /// as without it. Off (every prompt encoded whole) for `budget` 0 and
     /// for a tokenizer whose structure does not show where its output can
     /// be cut (see `tokenize/prefix.rs`).
-    pub fn with_prefix_cache(mut self, budget: usize) -> Self {
-        self.cache = match (self.cuts, &self.around) {
-            (Some(cuts), Some(_)) if budget > 0 => Some(PrefixCache::new(
-                cuts,
-                self.added.clone(),
-                budget,
-                prefix::CHUNK_BYTES,
-            )),
-            _ => None,
-        };
-        self
+    pub fn with_prefix_cache(self, budget: usize) -> Self {
+        self.with_prefix_cache_chunks(budget, prefix::CHUNK_BYTES)
     }
 
     /// [`Self::with_prefix_cache`] with chunks of at least `chunk` bytes.
-    #[cfg(test)]
     fn with_prefix_cache_chunks(mut self, budget: usize, chunk: usize) -> Self {
-        self = self.with_prefix_cache(budget);
-        if let Some(c) = self.cache.take() {
-            self.cache = Some(PrefixCache::new(
-                c.cuts(),
-                self.added.clone(),
-                budget,
-                chunk,
-            ));
-        }
+        self.cache = (self.shape.clone())
+            .filter(|_| budget > 0)
+            .map(|shape| PrefixCache::new(shape, budget, chunk));
         self
     }
 
@@ -269,16 +252,14 @@ impl ModelTokenizer {
 
     /// Encodes text (through the prefix cache when there is one).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
-        let (Some(cache), Some((before, after))) = (&self.cache, &self.around) else {
+        let Some(cache) = self.cache.as_ref().filter(|c| c.worth(text.len())) else {
             return self.encode_whole(text, add_special_tokens);
         };
-        if !cache.worth(text.len()) {
-            return self.encode_whole(text, add_special_tokens);
-        }
         let body = cache.encode(text, |s| self.encode_whole(s, false))?;
         if !add_special_tokens {
             return Ok(body);
         }
+        let (before, after) = cache.around();
         let mut out = Vec::with_capacity(before.len() + body.len() + after.len());
         out.extend_from_slice(before);
         out.extend_from_slice(&body);

@@ -307,8 +307,7 @@ impl Gateway {
         }
         for (model, t) in &self.tokenizers {
             if let Some(s) = t.prefix_cache_stats() {
-                let m = model.clone();
-                metrics::counter!("kvrouter_gateway_tokenizer_cache_hit_tokens_total", "model" => m)
+                metrics::counter!("kvrouter_gateway_tokenizer_cache_hit_tokens_total", "model" => model.clone())
                     .absolute(s.hit_tokens);
                 metrics::counter!("kvrouter_gateway_tokenizer_cache_miss_tokens_total", "model" => model.clone())
                     .absolute(s.encoded_tokens);
