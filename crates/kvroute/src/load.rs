@@ -33,12 +33,16 @@ struct Active {
     prefill: u64,
     /// Sequence hash -> number of in-flight requests using that block.
     held: HashMap<u64, u32>,
+    /// Blocks of in-flight requests known only by count (see
+    /// [`LoadTracker::start_with_unseen`]).
+    unseen: u64,
 }
 
 #[derive(Debug, Clone)]
 struct InFlight<K> {
     worker: K,
     seq_hashes: Vec<u64>,
+    unseen: u64,
     prefill: u64,
     deadline_us: u64,
 }
@@ -78,7 +82,7 @@ impl<K: Clone + Eq + Hash> LoadTracker<K> {
             .take_while(|h| a.held.contains_key(h))
             .count();
         WorkerLoad {
-            active_blocks: a.held.len() as u64,
+            active_blocks: a.held.len() as u64 + a.unseen,
             pending_prefill_blocks: a.prefill,
             active_requests: a.requests,
             active_overlap: u32::try_from(overlap).unwrap_or(u32::MAX),
@@ -97,13 +101,35 @@ impl<K: Clone + Eq + Hash> LoadTracker<K> {
         now_us: u64,
         ttl_us: u64,
     ) -> Result<(), DuplicateRequest> {
+        self.start_with_unseen(id, w, seq_hashes, 0, overlap, now_us, ttl_us)
+    }
+
+    /// [`start`](Self::start) for a request whose prompt goes `unseen`
+    /// blocks past `seq_hashes`, known only by count (a gateway that
+    /// stopped tokenizing where no worker held the prompt): they count as
+    /// new prefill and as active blocks of their own, shared with no other
+    /// request.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_with_unseen(
+        &mut self,
+        id: &str,
+        w: K,
+        seq_hashes: &[u64],
+        unseen: u64,
+        overlap: u32,
+        now_us: u64,
+        ttl_us: u64,
+    ) -> Result<(), DuplicateRequest> {
         if self.requests.contains_key(id) {
             return Err(DuplicateRequest(id.to_string()));
         }
-        let prefill = (seq_hashes.len() as u64).saturating_sub(u64::from(overlap));
+        let prefill = (seq_hashes.len() as u64)
+            .saturating_sub(u64::from(overlap))
+            .saturating_add(unseen);
         let a = self.workers.entry(w.clone()).or_default();
         a.requests += 1;
         a.prefill += prefill;
+        a.unseen += unseen;
         for &h in seq_hashes {
             *a.held.entry(h).or_insert(0) += 1;
         }
@@ -114,6 +140,7 @@ impl<K: Clone + Eq + Hash> LoadTracker<K> {
             InFlight {
                 worker: w,
                 seq_hashes: seq_hashes.to_vec(),
+                unseen,
                 prefill,
                 deadline_us,
             },
@@ -194,6 +221,7 @@ impl<K: Clone + Eq + Hash> LoadTracker<K> {
         };
         a.requests = a.requests.saturating_sub(1);
         a.prefill = a.prefill.saturating_sub(r.prefill);
+        a.unseen = a.unseen.saturating_sub(r.unseen);
         for h in &r.seq_hashes {
             if let Some(c) = a.held.get_mut(h) {
                 *c -= 1;
@@ -251,7 +279,8 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Start(u8, u8, Vec<u8>, u8),
+        /// id, worker, sequence hashes, overlap, unseen blocks.
+        Start(u8, u8, Vec<u8>, u8, u8),
         Complete(u8),
         PrefillDone(u8),
         Expire(u8),
@@ -263,9 +292,10 @@ mod tests {
                 0..8u8,
                 0..3u8,
                 proptest::collection::vec(0..6u8, 0..5),
-                0..4u8
+                0..4u8,
+                prop_oneof![Just(0u8), 1..3u8],
             )
-                .prop_map(|(id, w, s, o)| Op::Start(id, w, s, o)),
+                .prop_map(|(id, w, s, o, u)| Op::Start(id, w, s, o, u)),
             (0..8u8).prop_map(Op::Complete),
             (0..8u8).prop_map(Op::PrefillDone),
             (0..50u8).prop_map(Op::Expire),
@@ -278,19 +308,21 @@ mod tests {
         #[test]
         fn matches_a_list_of_live_requests(ops in proptest::collection::vec(op(), 0..60)) {
             let mut t = LoadTracker::new();
-            // (id, worker, seq, prefill, deadline)
-            let mut live: Vec<(String, u8, Vec<u64>, u64, u64)> = Vec::new();
+            // (id, worker, seq, prefill, deadline, unseen)
+            let mut live: Vec<(String, u8, Vec<u64>, u64, u64, u64)> = Vec::new();
             let mut now = 0u64;
             for o in ops {
                 match o {
-                    Op::Start(id, w, s, ov) => {
+                    Op::Start(id, w, s, ov, u) => {
                         let id = id.to_string();
                         let s: Vec<u64> = s.into_iter().map(u64::from).collect();
+                        let u = u64::from(u);
                         let dup = live.iter().any(|r| r.0 == id);
-                        prop_assert_eq!(t.start(&id, w, &s, u32::from(ov), now, 10).is_err(), dup);
+                        let r = t.start_with_unseen(&id, w, &s, u, u32::from(ov), now, 10);
+                        prop_assert_eq!(r.is_err(), dup);
                         if !dup {
-                            let p = (s.len() as u64).saturating_sub(u64::from(ov));
-                            live.push((id, w, s, p, now + 10));
+                            let p = (s.len() as u64).saturating_sub(u64::from(ov)) + u;
+                            live.push((id, w, s, p, now + 10, u));
                         }
                     }
                     Op::Complete(id) => {
@@ -320,7 +352,7 @@ mod tests {
                     blocks.dedup();
                     let overlap = q.iter().take_while(|h| blocks.contains(h)).count() as u32;
                     let want = WorkerLoad {
-                        active_blocks: blocks.len() as u64,
+                        active_blocks: blocks.len() as u64 + mine.iter().map(|r| r.5).sum::<u64>(),
                         pending_prefill_blocks: mine.iter().map(|r| r.3).sum(),
                         active_requests: mine.len() as u64,
                         active_overlap: overlap,

@@ -75,6 +75,10 @@ pub struct RouteOptions {
     /// Workers not to choose (the gateway's failed attempts, sick engines,
     /// open breakers): scoring and the policy run over the others.
     pub exclude: Vec<WorkerKey>,
+    /// Blocks the prompt goes on past its given tokens, counted but not
+    /// tokenized (the gateway's estimate of text no worker holds): new
+    /// prefill on whichever worker is chosen.
+    pub unseen_blocks: u64,
 }
 
 /// One worker's numbers behind a routing decision.
@@ -106,7 +110,7 @@ pub struct Decision {
     pub dp_rank: u32,
     /// Its cached leading blocks.
     pub overlap_blocks: u32,
-    /// The request's full blocks.
+    /// The request's full blocks (the unseen ones included).
     pub request_blocks: usize,
     /// The policy.
     pub policy: PolicyKind,
@@ -517,6 +521,31 @@ impl Service {
         }
     }
 
+    /// Tokens per block of `model`.
+    pub fn block_size(&self, model: &str) -> Option<u64> {
+        self.model(model).ok().map(|m| m.block_size)
+    }
+
+    /// Whether some worker of `model` holds every full block of
+    /// `token_ids` (true when there is none, or the model is unknown):
+    /// while it does, more of the prompt's tokens may raise an overlap.
+    pub fn holds_all(&self, model: &str, token_ids: &[u32], cache_salt: Option<&str>) -> bool {
+        let Ok(m) = self.model(model) else {
+            return true;
+        };
+        let full = token_ids.len() / m.block_size as usize;
+        if full == 0 {
+            return true;
+        }
+        let salt = BlockSalt {
+            lora_name: None,
+            cache_salt,
+        };
+        let h = local_block_hashes_salted(token_ids, m.block_size as usize, salt);
+        let best = m.index.find_matches(&h).best().map_or(0, |(_, s)| s);
+        best as usize >= full
+    }
+
     /// Each worker's overlap with a prompt, and the model's block size.
     pub fn query(&self, model: &str, p: &Prompt) -> Result<(OverlapScores, u64), ServiceError> {
         let m = self.model(model)?;
@@ -587,7 +616,7 @@ impl Service {
             )));
         }
         let loads: Vec<WorkerLoad> = workers.iter().map(|w| r.loads.load(w, &seqs)).collect();
-        let n_blocks = locals.len() as u64;
+        let n_blocks = locals.len() as u64 + opts.unseen_blocks;
         let router = m.router(r, opts.policy);
         let kind = router.kind();
         let costs =
@@ -608,7 +637,7 @@ impl Service {
         }
         let w = workers[i];
         r.loads
-            .start(&id, w, &seqs, overlaps[i], now, ttl)
+            .start_with_unseen(&id, w, &seqs, opts.unseen_blocks, overlaps[i], now, ttl)
             .map_err(|e| ServiceError::Conflict(e.to_string()))?;
         drop(guard);
         if self.args.no_kv_events {
@@ -655,7 +684,7 @@ impl Service {
             worker_id: w.worker_id,
             dp_rank: w.dp_rank,
             overlap_blocks: overlaps[i],
-            request_blocks: locals.len(),
+            request_blocks: n_blocks as usize,
             policy: kind,
             reason,
             request_id: id,
@@ -837,6 +866,47 @@ mod tests {
             s.route("m", &tokens(1), None, excluding(&[1, 2, 3])),
             Err(ServiceError::NoWorkers(_))
         ));
+    }
+
+    #[test]
+    fn unseen_blocks_are_new_prefill_on_the_chosen_worker() {
+        let s = approx(2, PolicyKind::KvBalanced);
+        let opts = RouteOptions {
+            unseen_blocks: 5,
+            ..Default::default()
+        };
+        let d = s.route("m", &tokens(0), Some("a".into()), opts).unwrap();
+        assert_eq!(d.request_blocks, 4 + 5);
+        let w = WorkerKey::new(d.worker_id, d.dp_rank);
+        let m = s.models.get("m").unwrap();
+        let load = m.routing.lock().loads.load(&w, &[]);
+        assert_eq!((load.pending_prefill_blocks, load.active_blocks), (9, 9));
+        s.complete(Some("m"), "a").unwrap();
+        let load = m.routing.lock().loads.load(&w, &[]);
+        assert_eq!((load.pending_prefill_blocks, load.active_blocks), (0, 0));
+    }
+
+    #[test]
+    fn holds_all_asks_whether_any_worker_has_every_full_block() {
+        let s = approx(2, PolicyKind::KvBalanced);
+        let ids = |p: Prompt| match p {
+            Prompt::Tokens { token_ids, .. } => token_ids,
+            Prompt::Hashes(_) => unreachable!(),
+        };
+        let t = ids(tokens(0));
+        // Nothing cached: a partial block decides nothing, a full one
+        // is held by no one.
+        assert!(s.holds_all("m", &t[..3], None));
+        assert!(!s.holds_all("m", &t[..4], None));
+        s.route("m", &tokens(0), None, RouteOptions::default())
+            .unwrap();
+        assert!(s.holds_all("m", &t, None));
+        assert!(s.holds_all("m", &t[..9], None));
+        let mut longer = t.clone();
+        longer.extend([7, 7, 7, 7]);
+        assert!(!s.holds_all("m", &longer, None));
+        assert!(!s.holds_all("m", &t, Some("salted")));
+        assert!(s.holds_all("nope", &t, None));
     }
 
     #[test]

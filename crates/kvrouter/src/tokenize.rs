@@ -14,6 +14,7 @@
 //!
 //! [`ModelTokenizer::builtin`] is a byte-level tokenizer (one token per
 //! byte) with a ChatML template, for a fleet started with no model files.
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -32,6 +33,58 @@ pub enum Endpoint {
     Completions,
     /// `POST /v1/chat/completions`: `messages`, rendered by the chat template.
     ChatCompletions,
+}
+
+/// A prompt's tokens as far as [`ModelTokenizer::prompt_tokens_until`]
+/// encoded them.
+#[derive(Debug)]
+pub struct PromptTokens {
+    /// The leading tokens; all of them when `rest` is `None`.
+    pub tokens: Vec<u32>,
+    /// The text not encoded yet.
+    pub rest: Option<Rest>,
+}
+
+/// The part of a prompt left unencoded (see [`ModelTokenizer::finish`]).
+#[derive(Debug)]
+pub struct Rest {
+    text: String,
+    at: prefix::Resume,
+    /// Tokens of the text before `at` (special tokens not counted).
+    body_tokens: usize,
+    /// The special tokens that follow the text.
+    after: Vec<u32>,
+}
+
+impl Rest {
+    /// Bytes of text left.
+    pub fn bytes(&self) -> usize {
+        self.text.len() - self.at.pos
+    }
+
+    /// The most tokens the rest can take: the tokenizers a prefix cache
+    /// serves are byte-level, where a token stands for at least one byte.
+    pub fn max_tokens(&self) -> usize {
+        self.bytes() + self.after.len()
+    }
+
+    /// The rest's tokens estimated at the rate of the text before it
+    /// (rounded up; at most [`max_tokens`](Self::max_tokens)).
+    pub fn estimated_tokens(&self) -> usize {
+        let est = match self.at.pos {
+            0 => self.bytes(),
+            done => (self.bytes() * self.body_tokens).div_ceil(done),
+        };
+        est.min(self.bytes()) + self.after.len()
+    }
+}
+
+/// What a request asks to be tokenized.
+enum Source<'a> {
+    /// Text, and whether special tokens are added.
+    Text(Cow<'a, str>, bool),
+    /// Token ids given.
+    Ids(Vec<u32>),
 }
 
 /// Why a tokenizer could not be loaded or a request not tokenized.
@@ -292,6 +345,88 @@ impl ModelTokenizer {
     /// as given; of a batch of prompts, the first) or the rendered chat.
     /// `add_special_tokens` in the body overrides the endpoint's default.
     pub fn prompt_tokens(&self, ep: Endpoint, body: &Json) -> Result<Vec<u32>, TokenizeError> {
+        match self.source(ep, body)? {
+            Source::Text(s, add) => self.encode(&s, add),
+            Source::Ids(ids) => Ok(ids),
+        }
+    }
+
+    /// [`prompt_tokens`](Self::prompt_tokens) encoded only as far as
+    /// wanted: through the prefix cache, `more(tokens so far)` is asked
+    /// after the cached chunks and after each batch of encoded ones, and
+    /// once it says no the rest of the text is left for
+    /// [`finish`](Self::finish). A router asks for more while some worker
+    /// holds every full block so far: past the first block none holds, the
+    /// tokens change no worker's overlap. Without a cache (or for token
+    /// ids, or a short text) every token is returned.
+    pub fn prompt_tokens_until(
+        &self,
+        ep: Endpoint,
+        body: &Json,
+        more: impl FnMut(&[u32]) -> bool,
+    ) -> Result<PromptTokens, TokenizeError> {
+        let whole = |tokens| PromptTokens { tokens, rest: None };
+        let (text, add) = match self.source(ep, body)? {
+            Source::Ids(ids) => return Ok(whole(ids)),
+            Source::Text(s, add) => (s, add),
+        };
+        let Some(cache) = self.cache.as_ref().filter(|c| c.worth(text.len())) else {
+            return Ok(whole(self.encode_whole(&text, add)?));
+        };
+        let (before, after) = if add {
+            cache.around()
+        } else {
+            (&[][..], &[][..])
+        };
+        let mut tokens = before.to_vec();
+        let at = cache.encode_until(
+            &text,
+            cache.start(),
+            &mut tokens,
+            |s| self.encode_whole(s, false),
+            more,
+        )?;
+        match at {
+            None => {
+                tokens.extend_from_slice(after);
+                Ok(whole(tokens))
+            }
+            Some(at) => {
+                let body_tokens = tokens.len() - before.len();
+                Ok(PromptTokens {
+                    tokens,
+                    rest: Some(Rest {
+                        text: text.into_owned(),
+                        at,
+                        body_tokens,
+                        after: after.to_vec(),
+                    }),
+                })
+            }
+        }
+    }
+
+    /// Appends to `tokens` (a prompt's leading tokens, as
+    /// [`prompt_tokens_until`](Self::prompt_tokens_until) gave them with
+    /// `rest`) the tokens of the rest: the prompt's every token. The new
+    /// chunks are kept in the prefix cache.
+    pub fn finish(&self, tokens: &mut Vec<u32>, rest: &Rest) -> Result<(), TokenizeError> {
+        if let Some(cache) = self.cache.as_ref() {
+            cache.encode_until(
+                &rest.text,
+                rest.at,
+                tokens,
+                |s| self.encode_whole(s, false),
+                |_| true,
+            )?;
+        }
+        tokens.extend_from_slice(&rest.after);
+        Ok(())
+    }
+
+    /// The text to encode (and whether special tokens are added), or the
+    /// token ids a completion request gives.
+    fn source<'a>(&self, ep: Endpoint, body: &'a Json) -> Result<Source<'a>, TokenizeError> {
         let add_special = |default: bool| match body.get("add_special_tokens") {
             None | Some(Json::Null) => Ok(default),
             Some(Json::Bool(b)) => Ok(*b),
@@ -300,13 +435,14 @@ impl ModelTokenizer {
         match ep {
             Endpoint::Completions => {
                 let add = add_special(true)?;
+                let text = |s: &'a String| Ok(Source::Text(Cow::Borrowed(s.as_str()), add));
                 match body.get("prompt") {
-                    Some(Json::String(s)) => self.encode(s, add),
+                    Some(Json::String(s)) => text(s),
                     Some(Json::Array(items)) => match items.first() {
                         None => Err(bad("\"prompt\" is empty")),
-                        Some(Json::String(s)) => self.encode(s, add),
-                        Some(Json::Number(_)) => token_ids(items),
-                        Some(Json::Array(ids)) => token_ids(ids),
+                        Some(Json::String(s)) => text(s),
+                        Some(Json::Number(_)) => token_ids(items).map(Source::Ids),
+                        Some(Json::Array(ids)) => token_ids(ids).map(Source::Ids),
                         Some(_) => Err(bad(PROMPT_SHAPE)),
                     },
                     None | Some(Json::Null) => Err(bad("\"prompt\" is required")),
@@ -315,8 +451,7 @@ impl ModelTokenizer {
             }
             Endpoint::ChatCompletions => {
                 let add = add_special(false)?;
-                let text = self.render_chat(body)?;
-                self.encode(&text, add)
+                Ok(Source::Text(Cow::Owned(self.render_chat(body)?), add))
             }
         }
     }

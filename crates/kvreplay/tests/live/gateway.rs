@@ -403,35 +403,57 @@ async fn the_builtin_tokenizer_needs_no_files() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_conversations_history_is_tokenized_once() {
     let f = fleet_with(2, true, 200.0).await;
-    // Turn one: 5,000 bytes (past the cache's 1 KiB chunks); turn two
-    // resends it with more text, which the gateway takes from its cache
-    // for all but the last chunk.
+    let metrics = || async {
+        let text = (f.http.get(format!("{}/metrics", f.router)).send().await)
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let count = |name: &str| -> f64 {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0)
+        };
+        (
+            count("kvrouter_gateway_tokenizer_cache_hit_tokens_total"),
+            count("kvrouter_gateway_tokenizer_cache_miss_tokens_total"),
+            count("kvrouter_gateway_tokenizer_deferred_bytes_total"),
+            text.clone(),
+        )
+    };
+    // Turn one: 5,000 bytes (past the cache's 1 KiB chunks) no engine
+    // holds: routed on its first chunk, the rest tokenized after routing,
+    // into the cache. Turn two resends it with more text, which the
+    // gateway takes from its cache for all but the last chunk.
     let history: String = (0..5000)
         .map(|i| (b'a' + (i * 7 % 26) as u8) as char)
         .collect();
     let first = json!({"model": MODEL, "prompt": history, "max_tokens": 2});
     let toks = f.tok.prompt_tokens(Endpoint::Completions, &first).unwrap();
     let (home, _) = f.ok("/v1/completions", &first).await;
+    let mut filled = metrics().await;
+    for _ in 0..200 {
+        if filled.0 + filled.1 >= 5000.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        filled = metrics().await;
+    }
+    let (hits, misses, deferred, text) = filled;
+    assert_eq!((hits, misses), (0.0, 5000.0), "{text}");
+    assert!(
+        (2000.0..4000.0).contains(&deferred),
+        "{deferred} bytes left for after routing:\n{text}"
+    );
     f.wait_overlap(home, &toks, (toks.len() / BS) as u64).await;
     let second =
         json!({"model": MODEL, "prompt": format!("{history} and then more"), "max_tokens": 2});
     let (again, hit) = f.ok("/v1/completions", &second).await;
     // Routed on the same blocks the engine stored: where the history is.
     assert_eq!((again, hit), (home, (toks.len() / BS * BS) as u64));
-    let text = (f.http.get(format!("{}/metrics", f.router)).send().await)
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let count = |name: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
-    };
-    let hits = count("kvrouter_gateway_tokenizer_cache_hit_tokens_total");
-    let misses = count("kvrouter_gateway_tokenizer_cache_miss_tokens_total");
+    let (hits, misses, _, text) = metrics().await;
     assert!(hits >= 3000.0, "{hits} tokens from the cache:\n{text}");
     assert_eq!(hits + misses, (5000 + 5000 + 14) as f64, "{text}");
     f.stop().await;

@@ -29,7 +29,7 @@ use super::limit::Slot;
 use super::upstream::{Pass, Upstream};
 use super::Gateway;
 use crate::service::{Prompt, RouteOptions, Service, ServiceError};
-use crate::tokenize::Endpoint;
+use crate::tokenize::{Endpoint, ModelTokenizer, Rest};
 
 /// How a gateway request ended (`kvrouter_gateway_requests_total{outcome}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,20 +269,16 @@ async fn serve(
         }
         Err(r) => return adm.refuse(GatewayError::InvalidJson(r.body_text())),
     };
-    let (model, prompt) = match prepare(g, ep, &bytes).await {
+    let p = match prepare(g, ep, &bytes).await {
         Ok(p) => p,
         Err(e) => return adm.refuse(e),
     };
-    forward(g, ep, headers, bytes, &model, prompt, deadline, adm).await
+    forward(g, ep, headers, bytes, p, deadline, adm).await
 }
 
 /// Parses the body, checks the model, tokenizes the prompt and checks
 /// its length.
-async fn prepare(
-    g: &Gateway,
-    ep: Endpoint,
-    bytes: &Bytes,
-) -> Result<(String, Prompt), GatewayError> {
+async fn prepare(g: &Gateway, ep: Endpoint, bytes: &Bytes) -> Result<Prepared, GatewayError> {
     let v: Value = serde_json::from_slice(bytes)
         .map_err(|e| GatewayError::InvalidJson(format!("the body is not valid JSON: {e}")))?;
     if !v.is_object() {
@@ -316,32 +312,87 @@ async fn prepare(
         .and_then(Value::as_str)
         .map(str::to_string);
     let limit = g.context_limit(&tok);
+    // Events mode: tokenize only while some worker holds every block so
+    // far. Approximate mode records the routed prompt's every block.
+    let lazy = !g.svc.args.no_kv_events;
+    let svc = Arc::clone(&g.svc);
+    let (m, s) = (model.clone(), salt.clone());
+    let t = Arc::clone(&tok);
     // Tokenizing a long prompt or rendering a template is CPU work: off
     // the async workers.
-    let tokens = tokio::task::spawn_blocking(move || tok.prompt_tokens(ep, &v))
-        .await
-        .map_err(|e| GatewayError::Internal(format!("tokenizer task: {e}")))?
-        .map_err(|e| {
-            if e.is_client_error() {
-                GatewayError::InvalidPrompt(e.to_string())
-            } else {
-                GatewayError::Internal(format!("tokenizing the prompt: {e}"))
-            }
+    let mut p = tokio::task::spawn_blocking(move || {
+        let mut p = t.prompt_tokens_until(ep, &v, |so_far| {
+            lazy && svc.holds_all(&m, so_far, s.as_deref())
         })?;
-    if tokens.len() > limit {
+        if let Some(rest) = p.rest.take_if(|r| p.tokens.len() + r.max_tokens() > limit) {
+            // It may be too long: count it exactly.
+            t.finish(&mut p.tokens, &rest)?;
+        }
+        Ok::<_, crate::tokenize::TokenizeError>(p)
+    })
+    .await
+    .map_err(|e| GatewayError::Internal(format!("tokenizer task: {e}")))?
+    .map_err(|e| {
+        if e.is_client_error() {
+            GatewayError::InvalidPrompt(e.to_string())
+        } else {
+            GatewayError::Internal(format!("tokenizing the prompt: {e}"))
+        }
+    })?;
+    if p.rest.is_none() && p.tokens.len() > limit {
         return Err(GatewayError::ContextLength(format!(
             "this model's maximum context length is {limit} tokens; the prompt has {} tokens",
-            tokens.len()
+            p.tokens.len()
         )));
     }
-    Ok((
+    let unseen_blocks = match (&p.rest, g.svc.block_size(&model)) {
+        (Some(r), Some(bs)) if bs > 0 => {
+            let (known, bs) = (p.tokens.len(), bs as usize);
+            metrics::counter!("kvrouter_gateway_tokenizer_deferred_bytes_total", "model" => model.clone())
+                .increment(r.bytes() as u64);
+            ((known + r.estimated_tokens()) / bs - known / bs) as u64
+        }
+        _ => 0,
+    };
+    let rest = p.rest.take().map(|r| (tok, r));
+    Ok(Prepared {
         model,
-        Prompt::Tokens {
-            token_ids: tokens,
+        prompt: Prompt::Tokens {
+            token_ids: p.tokens,
             lora_name: None,
             cache_salt: salt,
         },
-    ))
+        unseen_blocks,
+        rest,
+    })
+}
+
+/// A request ready to route.
+struct Prepared {
+    model: String,
+    prompt: Prompt,
+    /// Estimated blocks past the prompt's tokens (see `RouteOptions`).
+    unseen_blocks: u64,
+    /// The text left untokenized, encoded into the tokenizer's prefix cache
+    /// once the request is routed (a later turn resends it).
+    rest: Option<(Arc<ModelTokenizer>, Rest)>,
+}
+
+/// Encodes a routed prompt's rest into the prefix cache off the request's
+/// path, at most one fill per CPU at a time (the others are skipped: a
+/// later turn then encodes that text itself).
+fn fill_later(g: &Gateway, rest: Option<(Arc<ModelTokenizer>, Rest)>) {
+    let Some((tok, rest)) = rest else {
+        return;
+    };
+    let Some(slot) = g.fill_slot() else {
+        metrics::counter!("kvrouter_gateway_tokenizer_fills_skipped_total").increment(1);
+        return;
+    };
+    tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        let _ = tok.finish(&mut Vec::new(), &rest);
+    });
 }
 
 /// Routes and sends, failing over to the next-best worker while nothing
@@ -352,11 +403,17 @@ async fn forward(
     ep: Endpoint,
     headers: &HeaderMap,
     bytes: Bytes,
-    model: &str,
-    prompt: Prompt,
+    p: Prepared,
     deadline: tokio::time::Instant,
     adm: &mut Admission,
 ) -> Response {
+    let Prepared {
+        model,
+        prompt,
+        unseen_blocks,
+        mut rest,
+    } = p;
+    let model = model.as_str();
     let a = &g.svc.args;
     let id = g.request_id();
     let path = match ep {
@@ -371,10 +428,14 @@ async fn forward(
         exclude.extend(tried.iter().copied());
         let opts = RouteOptions {
             exclude,
+            unseen_blocks,
             ..Default::default()
         };
         let d = match g.svc.route(model, &prompt, Some(id.clone()), opts) {
-            Ok(d) => d,
+            Ok(d) => {
+                fill_later(g, rest.take());
+                d
+            }
             Err(ServiceError::NoWorkers(_) | ServiceError::UnknownModel(_)) => break,
             Err(ServiceError::Busy(m)) => return adm.refuse(GatewayError::Overloaded(m)),
             Err(ServiceError::Invalid(m)) => return adm.refuse(GatewayError::ContextLength(m)),

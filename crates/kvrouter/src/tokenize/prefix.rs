@@ -183,6 +183,14 @@ impl Generations {
     }
 }
 
+/// Where encoding a text stopped: a cut's byte offset and the chained
+/// hash of the text before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Resume {
+    pub(crate) pos: usize,
+    h: u64,
+}
+
 /// The cache of one tokenizer.
 pub(crate) struct PrefixCache {
     shape: Shape,
@@ -215,17 +223,43 @@ impl PrefixCache {
         len > self.chunk
     }
 
+    /// Where encoding a text starts.
+    pub(crate) fn start(&self) -> Resume {
+        Resume {
+            pos: 0,
+            h: self.seed,
+        }
+    }
+
     /// The tokens of `text`, no special tokens added: cached chunks, then
     /// `encode` (which must encode without special tokens) for the rest,
     /// new chunks kept.
     pub(crate) fn encode<E>(
         &self,
         text: &str,
-        mut encode: impl FnMut(&str) -> Result<Vec<u32>, E>,
+        encode: impl FnMut(&str) -> Result<Vec<u32>, E>,
     ) -> Result<Vec<u32>, E> {
         let mut out = Vec::with_capacity(text.len() / 2);
-        let mut pos = 0;
-        let mut h = self.seed;
+        self.encode_until(text, self.start(), &mut out, encode, |_| true)?;
+        Ok(out)
+    }
+
+    /// Appends the tokens of `text[at..]` to `out` as [`encode`] does,
+    /// but asks `more(out)` after the cached chunks and after each batch
+    /// of encoded ones (1, 2, 4, ... chunks) whether the rest is wanted;
+    /// when it is not, returns where it stopped (a cut), from which a
+    /// later call goes on. `None`: the whole text is in `out`.
+    ///
+    /// [`encode`]: Self::encode
+    pub(crate) fn encode_until<E>(
+        &self,
+        text: &str,
+        at: Resume,
+        out: &mut Vec<u32>,
+        mut encode: impl FnMut(&str) -> Result<Vec<u32>, E>,
+        mut more: impl FnMut(&[u32]) -> bool,
+    ) -> Result<Option<Resume>, E> {
+        let Resume { mut pos, mut h } = at;
         let mut hit = 0;
         {
             let mut map = self.map.lock();
@@ -240,25 +274,42 @@ impl PrefixCache {
                 pos = end;
             }
         }
-        let mut fresh = Vec::new();
-        while let Some(end) = self.next_cut(text, pos) {
-            h = xxhash_rust::xxh3::xxh3_64_with_seed(&text.as_bytes()[pos..end], h);
-            let t = encode(&text[pos..end])?;
-            out.extend_from_slice(&t);
-            fresh.push((h, Arc::<[u32]>::from(t)));
-            pos = end;
-        }
-        out.extend(encode(&text[pos..])?);
-        let encoded = out.len() - hit;
-        if !fresh.is_empty() {
-            let mut map = self.map.lock();
-            for (h, t) in fresh {
-                map.put(h, t, self.budget);
-            }
-        }
         self.hit_tokens.fetch_add(hit as u64, Relaxed);
-        self.encoded_tokens.fetch_add(encoded as u64, Relaxed);
-        Ok(out)
+        let mut batch = 1;
+        loop {
+            if !more(out) {
+                return Ok(Some(Resume { pos, h }));
+            }
+            let mut fresh = Vec::new();
+            let mut encoded = 0;
+            let mut finished = false;
+            while fresh.len() < batch {
+                let Some(end) = self.next_cut(text, pos) else {
+                    let t = encode(&text[pos..])?;
+                    encoded += t.len();
+                    out.extend(t);
+                    finished = true;
+                    break;
+                };
+                h = xxhash_rust::xxh3::xxh3_64_with_seed(&text.as_bytes()[pos..end], h);
+                let t = encode(&text[pos..end])?;
+                encoded += t.len();
+                out.extend_from_slice(&t);
+                fresh.push((h, Arc::<[u32]>::from(t)));
+                pos = end;
+            }
+            if !fresh.is_empty() {
+                let mut map = self.map.lock();
+                for (h, t) in fresh {
+                    map.put(h, t, self.budget);
+                }
+            }
+            self.encoded_tokens.fetch_add(encoded as u64, Relaxed);
+            if finished {
+                return Ok(None);
+            }
+            batch *= 2;
+        }
     }
 
     /// What adding special tokens puts before and after a text's tokens.
@@ -321,7 +372,7 @@ impl PrefixCache {
 mod tests {
     use super::*;
 
-    use super::super::{builtin_tokenizer_json, byte_chars, ModelTokenizer};
+    use super::super::{builtin_tokenizer_json, byte_chars, Endpoint, ModelTokenizer};
     use proptest::prelude::*;
     use serde_json::json;
 
@@ -543,6 +594,45 @@ mod tests {
                 prop_assert_eq!(before, t.encode_whole(&text[..p], add).unwrap());
                 prop_assert_eq!(&t.encode(&text, add).unwrap(), &whole);
                 prop_assert_eq!(&t.encode(&text, add).unwrap(), &whole);
+            }
+        }
+
+        /// Stopped after `stop` answers of "more", cold and warm, a prompt's
+        /// tokens are the whole encoding's leading ones, the rest's bounds
+        /// hold, and finishing gives the whole.
+        #[test]
+        fn stopped_early_then_finished_gives_the_whole(text in text(), stop in 0usize..4, chunk in 1usize..24, add: bool) {
+            let shapes = [
+                serde_json::from_str::<Json>(&builtin_tokenizer_json()).unwrap(),
+                gpt2(),
+                llama3(SPLIT_PATTERNS[1]),
+            ];
+            let body = json!({"prompt": text, "add_special_tokens": add});
+            for shape in &shapes {
+                let t = load(shape, chunk);
+                let whole = t.encode_whole(&text, add).unwrap();
+                for _ in 0..2 {
+                    let mut asked = 0;
+                    let mut p = t
+                        .prompt_tokens_until(Endpoint::Completions, &body, |so_far| {
+                            assert_eq!(so_far, &whole[..so_far.len()]);
+                            asked += 1;
+                            asked <= stop
+                        })
+                        .unwrap();
+                    prop_assert_eq!(&p.tokens[..], &whole[..p.tokens.len()]);
+                    match p.rest.take() {
+                        None => prop_assert_eq!(&p.tokens, &whole),
+                        Some(rest) => {
+                            let left = whole.len() - p.tokens.len();
+                            prop_assert!(rest.max_tokens() >= left, "{} < {left}", rest.max_tokens());
+                            prop_assert!(rest.estimated_tokens() <= rest.max_tokens());
+                            prop_assert!(asked == stop + 1);
+                            t.finish(&mut p.tokens, &rest).unwrap();
+                            prop_assert_eq!(&p.tokens, &whole);
+                        }
+                    }
+                }
             }
         }
     }
