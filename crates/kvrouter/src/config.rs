@@ -255,6 +255,11 @@ pub struct RouterArgs {
     /// `tokenizer.json` shows where text can be cut; 0: off).
     #[arg(long, default_value_t = 4 << 20)]
     pub tokenizer_cache_tokens: usize,
+    /// Routed prompts whose text past what routing needed waits to be
+    /// tokenized into that cache, on background threads of the least
+    /// priority; beyond it the text is not cached.
+    #[arg(long, default_value_t = 64)]
+    pub tokenizer_fill_queue: usize,
     /// Seconds between health checks of each engine (`GET URL/health`);
     /// an engine failing one is not routed to until one passes (0: none).
     #[arg(long, value_parser = parse_secs, default_value = "5")]

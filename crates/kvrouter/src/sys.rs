@@ -24,11 +24,49 @@ pub fn pin_malloc_trim_threshold() -> bool {
     false
 }
 
+/// The nice value [`lower_thread_priority`] sets: the least priority.
+pub const BACKGROUND_NICE: i32 = 19;
+
+/// Gives the calling thread the least priority ([`BACKGROUND_NICE`]), so
+/// work on it takes CPU time the rest of the process and the machine leave
+/// over. Linux keeps a nice value per thread; elsewhere a no-op. True if
+/// it was applied.
+pub fn lower_thread_priority() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `gettid` takes nothing and returns the calling thread's
+        // id; `setpriority` changes that thread's nice value. Neither
+        // touches memory of ours.
+        let ok = unsafe {
+            let tid = libc::gettid();
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, BACKGROUND_NICE)
+        };
+        ok == 0
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    false
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn glibc_takes_the_setting() {
         assert!(super::pin_malloc_trim_threshold());
+    }
+
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn a_thread_lowers_its_own_priority_only() {
+        let nice = || {
+            // SAFETY: as in `lower_thread_priority`; `getpriority` reads.
+            unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+        };
+        let before = nice();
+        let inside = std::thread::spawn(move || (super::lower_thread_priority(), nice()))
+            .join()
+            .unwrap();
+        assert_eq!(inside, (true, super::BACKGROUND_NICE));
+        assert_eq!(nice(), before);
     }
 }

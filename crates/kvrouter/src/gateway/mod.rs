@@ -11,6 +11,7 @@
 //!
 //! See `docs/design.md`, "Gateway".
 pub mod error;
+mod fill;
 pub mod limit;
 pub mod proxy;
 pub mod upstream;
@@ -66,8 +67,8 @@ pub struct Gateway {
     /// When the gateway started (ns since the Unix epoch): request ids
     /// (`gw-EPOCH-N`) do not collide with a `/route` client's.
     epoch: u128,
-    /// Prefix-cache fills running off the requests' path, one per CPU.
-    fills: Arc<tokio::sync::Semaphore>,
+    /// Prefix-cache fills, off the requests' path.
+    pub(crate) fills: fill::Fills,
 }
 
 impl Gateway {
@@ -119,9 +120,10 @@ impl Gateway {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos()),
             svc: Arc::clone(&svc),
-            fills: Arc::new(tokio::sync::Semaphore::new(
+            fills: fill::Fills::new(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),
-            )),
+                a.tokenizer_fill_queue,
+            ),
         });
         if g.tokenizers.is_empty() {
             tracing::warn!("--gateway without --tokenizer: every request will be refused (404)");
@@ -144,11 +146,6 @@ impl Gateway {
     /// The tokenizer of `model`.
     pub fn tokenizer(&self, model: &str) -> Option<Arc<ModelTokenizer>> {
         self.tokenizers.get(model).cloned()
-    }
-
-    /// A turn to fill a tokenizer's prefix cache, if one is free.
-    fn fill_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        Arc::clone(&self.fills).try_acquire_owned().ok()
     }
 
     /// A fresh request id.

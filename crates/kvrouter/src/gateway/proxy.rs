@@ -378,21 +378,14 @@ struct Prepared {
     rest: Option<(Arc<ModelTokenizer>, Rest)>,
 }
 
-/// Encodes a routed prompt's rest into the prefix cache off the request's
-/// path, at most one fill per CPU at a time (the others are skipped: a
-/// later turn then encodes that text itself).
+/// Queues the encoding of a routed prompt's rest into the prefix cache
+/// (`fill.rs`).
 fn fill_later(g: &Gateway, rest: Option<(Arc<ModelTokenizer>, Rest)>) {
-    let Some((tok, rest)) = rest else {
-        return;
-    };
-    let Some(slot) = g.fill_slot() else {
-        metrics::counter!("kvrouter_gateway_tokenizer_fills_skipped_total").increment(1);
-        return;
-    };
-    tokio::task::spawn_blocking(move || {
-        let _slot = slot;
-        let _ = tok.finish(&mut Vec::new(), &rest);
-    });
+    if let Some((tok, rest)) = rest {
+        if !g.fills.offer(tok, rest) {
+            metrics::counter!("kvrouter_gateway_tokenizer_fills_dropped_total").increment(1);
+        }
+    }
 }
 
 /// Routes and sends, failing over to the next-best worker while nothing
