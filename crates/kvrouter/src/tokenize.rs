@@ -411,14 +411,18 @@ impl ModelTokenizer {
     /// `rest`) the tokens of the rest: the prompt's every token. The new
     /// chunks are kept in the prefix cache.
     pub fn finish(&self, tokens: &mut Vec<u32>, rest: &Rest) -> Result<(), TokenizeError> {
-        if let Some(cache) = self.cache.as_ref() {
-            cache.encode_until(
-                &rest.text,
-                rest.at,
-                tokens,
-                |s| self.encode_whole(s, false),
-                |_| true,
-            )?;
+        match self.cache.as_ref() {
+            Some(cache) => {
+                cache.encode_until(
+                    &rest.text,
+                    rest.at,
+                    tokens,
+                    |s| self.encode_whole(s, false),
+                    |_| true,
+                )?;
+            }
+            // Only a cache leaves a rest; encoded plainly all the same.
+            None => tokens.extend(self.encode_whole(&rest.text[rest.at.pos..], false)?),
         }
         tokens.extend_from_slice(&rest.after);
         Ok(())

@@ -10,6 +10,8 @@
 //! hash chained over every chunk before it (with a per-process seed), so a
 //! hit means the whole prefix up to that chunk was seen. A prompt's leading
 //! chunks come from the cache; the rest is encoded chunk by chunk and kept.
+//! A caller may stop after the cached chunks or after any batch of new ones
+//! and go on later from where it stopped (`encode_until`, [`Resume`]).
 //!
 //! Which places are cuts is read from `tokenizer.json`'s structure; a
 //! tokenizer whose structure is not one of the shapes below gets no cache
