@@ -574,18 +574,22 @@ mod tests {
             .prop_map(|v| v.into_iter().map(|i| PIECES[i]).collect())
     }
 
+    /// The four tokenizer shapes a cache takes.
+    fn shapes() -> [Json; 4] {
+        [
+            serde_json::from_str::<Json>(&builtin_tokenizer_json()).unwrap(),
+            gpt2(),
+            llama3(SPLIT_PATTERNS[0]),
+            llama3(SPLIT_PATTERNS[1]),
+        ]
+    }
+
     proptest! {
         /// Through the cache, cold, warm and after a prefix of it, every
         /// tokenizer shape gives what encoding the text whole gives.
         #[test]
         fn cached_tokens_are_the_whole_texts(text in text(), cut in 0usize..200, chunk in 1usize..24, add: bool) {
-            let shapes = [
-                serde_json::from_str::<Json>(&builtin_tokenizer_json()).unwrap(),
-                gpt2(),
-                llama3(SPLIT_PATTERNS[0]),
-                llama3(SPLIT_PATTERNS[1]),
-            ];
-            for shape in &shapes {
+            for shape in &shapes() {
                 let t = load(shape, chunk);
                 let whole = t.encode_whole(&text, add).unwrap();
                 let mut p = cut.min(text.len());
@@ -604,13 +608,8 @@ mod tests {
         /// hold, and finishing gives the whole.
         #[test]
         fn stopped_early_then_finished_gives_the_whole(text in text(), stop in 0usize..4, chunk in 1usize..24, add: bool) {
-            let shapes = [
-                serde_json::from_str::<Json>(&builtin_tokenizer_json()).unwrap(),
-                gpt2(),
-                llama3(SPLIT_PATTERNS[1]),
-            ];
             let body = json!({"prompt": text, "add_special_tokens": add});
-            for shape in &shapes {
+            for shape in &shapes() {
                 let t = load(shape, chunk);
                 let whole = t.encode_whole(&text, add).unwrap();
                 for _ in 0..2 {
