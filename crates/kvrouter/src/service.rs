@@ -500,13 +500,11 @@ impl Service {
                         token_ids.len()
                     )));
                 }
-                Ok(local_block_hashes_salted(
+                Ok(token_hashes(
+                    model,
                     token_ids,
-                    model.block_size as usize,
-                    BlockSalt {
-                        lora_name: lora_name.as_deref(),
-                        cache_salt: cache_salt.as_deref(),
-                    },
+                    lora_name.as_deref(),
+                    cache_salt.as_deref(),
                 ))
             }
             Prompt::Hashes(h) => {
@@ -537,11 +535,7 @@ impl Service {
         if full == 0 {
             return true;
         }
-        let salt = BlockSalt {
-            lora_name: None,
-            cache_salt,
-        };
-        let h = local_block_hashes_salted(token_ids, m.block_size as usize, salt);
+        let h = token_hashes(&m, token_ids, None, cache_salt);
         let best = m.index.find_matches(&h).best().map_or(0, |(_, s)| s);
         best as usize >= full
     }
@@ -791,6 +785,20 @@ fn reason(
             load.active_requests
         ),
     }
+}
+
+/// The salted local hashes of `token_ids`' full blocks for `model`.
+fn token_hashes(
+    model: &Model,
+    token_ids: &[u32],
+    lora_name: Option<&str>,
+    cache_salt: Option<&str>,
+) -> Vec<LocalHash> {
+    let salt = BlockSalt {
+        lora_name,
+        cache_salt,
+    };
+    local_block_hashes_salted(token_ids, model.block_size as usize, salt)
 }
 
 #[cfg(test)]
