@@ -124,6 +124,12 @@ struct Overhead {
     /// Tokens generated per request.
     #[arg(long, default_value_t = 8)]
     max_tokens: u32,
+    /// Between requests through a target, send as many straight to the
+    /// engines (half a period after each), and report the added latency against
+    /// those (the same minutes of the machine) instead of the `direct`
+    /// target's own run.
+    #[arg(long)]
+    paired: bool,
 }
 
 /// A fleet of simulated engines.
@@ -436,6 +442,8 @@ async fn overhead(o: Overhead) -> Result<()> {
                 let n = (rate * o.seconds) as usize;
                 let start = Instant::now();
                 let mut tasks = Vec::with_capacity(n);
+                let mut twins = Vec::new();
+                let paired = o.paired && target != "direct";
                 for i in 0..n {
                     let due = Duration::from_secs_f64(i as f64 / rate);
                     if let Some(wait) = due.checked_sub(start.elapsed()) {
@@ -447,27 +455,38 @@ async fn overhead(o: Overhead) -> Result<()> {
                         "model": MODEL, "prompt": prompt, "max_tokens": o.max_tokens,
                         "stream": stream
                     });
+                    if paired {
+                        let fleet_urls = fleet.urls();
+                        let url = format!("{}/v1/completions", fleet_urls[i % fleet_urls.len()]);
+                        let (http, body) = (http.clone(), body.clone());
+                        // Half a period later: the twins share the
+                        // machine's minutes, not each other's moment.
+                        let half = Duration::from_secs_f64(0.5 / rate);
+                        twins.push(tokio::spawn(async move {
+                            tokio::time::sleep(half).await;
+                            complete(&http, &url, &body).await
+                        }));
+                    }
                     let (http, url) = (http.clone(), urls[i % urls.len()].clone());
                     tasks.push(tokio::spawn(
                         async move { complete(&http, &url, &body).await },
                     ));
                 }
-                let mut h = Histogram::<u64>::new(3)?;
-                let mut ok = 0;
-                for t in tasks {
-                    let r = t.await.unwrap_or_default();
-                    if r.error.is_none() {
-                        ok += 1;
-                        h.record(r.e2e_us.max(1))?;
-                    }
-                }
+                let (h, ok) = latencies(tasks).await?;
                 let (p50, p99) = (h.value_at_quantile(0.5), h.value_at_quantile(0.99));
                 let key = (stream, rate as u64);
                 if target == "direct" {
                     direct.insert(key, (p50, p99));
                 }
-                let (a50, a99) = direct
-                    .get(&key)
+                let twin = if paired {
+                    let (t, _) = latencies(twins).await?;
+                    Some((t.value_at_quantile(0.5), t.value_at_quantile(0.99)))
+                } else {
+                    None
+                };
+                let (a50, a99) = twin
+                    .as_ref()
+                    .or(direct.get(&key))
                     .map(|&(d50, d99)| {
                         (
                             format!("{:.2}", ms(p50) - ms(d50)),
@@ -487,6 +506,22 @@ async fn overhead(o: Overhead) -> Result<()> {
         fleet.stop().await;
     }
     Ok(())
+}
+
+/// The end-to-end latencies of the requests that succeeded, and how many.
+async fn latencies(
+    tasks: Vec<tokio::task::JoinHandle<kvreplay::gateway::Completion>>,
+) -> Result<(Histogram<u64>, usize)> {
+    let mut h = Histogram::<u64>::new(3)?;
+    let mut ok = 0;
+    for t in tasks {
+        let r = t.await.unwrap_or_default();
+        if r.error.is_none() {
+            ok += 1;
+            h.record(r.e2e_us.max(1))?;
+        }
+    }
+    Ok((h, ok))
 }
 
 fn main() -> Result<()> {

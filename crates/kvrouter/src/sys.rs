@@ -27,19 +27,26 @@ pub fn pin_malloc_trim_threshold() -> bool {
 /// The nice value [`lower_thread_priority`] sets: the least priority.
 pub const BACKGROUND_NICE: i32 = 19;
 
-/// Gives the calling thread the least priority ([`BACKGROUND_NICE`]), so
-/// work on it takes CPU time the rest of the process and the machine leave
-/// over. Linux keeps a nice value per thread; elsewhere a no-op. True if
-/// it was applied.
+/// Gives the calling thread the least priority: the `SCHED_IDLE` policy,
+/// so it runs only on CPU time nothing else wants and any other thread
+/// that wakes takes its CPU at once (at nice 19 under the normal policy, a
+/// waking thread can wait out the background thread's time slice, about a
+/// millisecond); the nice value [`BACKGROUND_NICE`] too, for where the
+/// policy is refused. Linux keeps both per thread; elsewhere a no-op.
+/// True if the policy was applied.
 pub fn lower_thread_priority() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
+        let param = libc::sched_param { sched_priority: 0 };
         // SAFETY: `gettid` takes nothing and returns the calling thread's
-        // id; `setpriority` changes that thread's nice value. Neither
-        // touches memory of ours.
+        // id; `setpriority` changes that thread's nice value and
+        // `sched_setscheduler` (pid 0: the calling thread) its policy,
+        // reading `param`, which lives across the call. None touches
+        // other memory of ours.
         let ok = unsafe {
             let tid = libc::gettid();
-            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, BACKGROUND_NICE)
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, BACKGROUND_NICE);
+            libc::sched_setscheduler(0, libc::SCHED_IDLE, &param)
         };
         ok == 0
     }
@@ -58,15 +65,19 @@ mod tests {
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     fn a_thread_lowers_its_own_priority_only() {
-        let nice = || {
-            // SAFETY: as in `lower_thread_priority`; `getpriority` reads.
-            unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
-        };
-        let before = nice();
-        let inside = std::thread::spawn(move || (super::lower_thread_priority(), nice()))
+        // SAFETY (both): as in `lower_thread_priority`; these only read.
+        let nice =
+            || unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
+        let policy = || unsafe { libc::sched_getscheduler(0) };
+        let before = (nice(), policy());
+        let inside = std::thread::spawn(move || (super::lower_thread_priority(), nice(), policy()))
             .join()
             .unwrap();
-        assert_eq!(inside, (true, super::BACKGROUND_NICE));
-        assert_eq!(nice(), before);
+        assert_eq!(
+            inside,
+            (true, super::BACKGROUND_NICE, libc::SCHED_IDLE),
+            "the policy and nice value of the lowered thread"
+        );
+        assert_eq!((nice(), policy()), before, "the caller's are its own");
     }
 }

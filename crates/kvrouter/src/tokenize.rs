@@ -50,16 +50,21 @@ pub struct PromptTokens {
 pub struct Rest {
     text: String,
     at: prefix::Resume,
-    /// Tokens of the text before `at` (special tokens not counted).
+    /// Tokens of the text encoded so far (special tokens not counted).
     body_tokens: usize,
     /// The special tokens that follow the text.
     after: Vec<u32>,
 }
 
 impl Rest {
-    /// Bytes of text left.
+    /// Bytes of text not encoded yet.
     pub fn bytes(&self) -> usize {
-        self.text.len() - self.at.pos
+        self.text.len() - self.encoded_bytes()
+    }
+
+    /// Bytes of text encoded so far (up to the cut, and a probe past it).
+    fn encoded_bytes(&self) -> usize {
+        self.at.pos + self.at.probe.0
     }
 
     /// The most tokens the rest can take: the tokenizers a prefix cache
@@ -71,7 +76,7 @@ impl Rest {
     /// The rest's tokens estimated at the rate of the text before it
     /// (rounded up; at most [`max_tokens`](Self::max_tokens)).
     pub fn estimated_tokens(&self) -> usize {
-        let est = match self.at.pos {
+        let est = match self.encoded_bytes() {
             0 => self.bytes(),
             done => (self.bytes() * self.body_tokens).div_ceil(done),
         };
@@ -385,6 +390,7 @@ impl ModelTokenizer {
             &mut tokens,
             |s| self.encode_whole(s, false),
             more,
+            true,
         )?;
         match at {
             None => {
@@ -406,10 +412,10 @@ impl ModelTokenizer {
         }
     }
 
-    /// Appends to `tokens` (a prompt's leading tokens, as
+    /// Completes `tokens` (a prompt's leading tokens, as
     /// [`prompt_tokens_until`](Self::prompt_tokens_until) gave them with
-    /// `rest`) the tokens of the rest: the prompt's every token. The new
-    /// chunks are kept in the prefix cache.
+    /// `rest`) with the tokens of the rest: the prompt's every token. The
+    /// new chunks are kept in the prefix cache.
     pub fn finish(&self, tokens: &mut Vec<u32>, rest: &Rest) -> Result<(), TokenizeError> {
         match self.cache.as_ref() {
             Some(cache) => {
@@ -419,6 +425,7 @@ impl ModelTokenizer {
                     tokens,
                     |s| self.encode_whole(s, false),
                     |_| true,
+                    false,
                 )?;
             }
             // Only a cache leaves a rest; encoded plainly all the same.

@@ -133,6 +133,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             now().2 - objects0,
             mb(now().1 - bytes0),
         );
+        print_lock(&db);
         // The write-back alone: every object's status set done by
         // compare-and-swap, in transactions of 1000, on one thread.
         let start = Instant::now();
@@ -161,6 +162,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             now().2 - objects0,
             mb(now().1 - bytes0),
         );
+        print_lock(&db);
         return Ok(());
     }
     let rec = Reconciler::start(&db, target, CountOps(updates.clone()), config)?;
@@ -228,6 +230,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let (rounds, _) = rec.counts();
     println!("{rounds} rounds");
+    print_lock(&db);
+    rec.stop();
+    Ok(())
+}
+
+/// The table lock's figures so far: waits and the mean hold.
+fn print_lock(db: &Db) {
     for t in db.stats() {
         let per = |total: Duration, timed: u64| total.as_secs_f64() * 1e3 / timed.max(1) as f64;
         println!(
@@ -238,6 +247,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             t.lock_hold.timed
         );
     }
-    rec.stop();
-    Ok(())
 }

@@ -143,36 +143,51 @@ pub struct CacheStats {
     pub encoded_tokens: u64,
 }
 
+/// One generation's chunks by chained hash.
+type Chunks = HashMap<u64, Arc<[u32]>>;
+
 /// Chunks' tokens by chained hash, in two generations: new chunks and hits
 /// go to `cur`; when it holds half the budget it becomes `old` (the
-/// previous `old` is dropped). A chunk unused for two generations is gone,
+/// previous `old` is handed back to be dropped). A chunk unused for two generations is gone,
 /// and at most the budget (plus a chunk) is held.
 #[derive(Default)]
 struct Generations {
-    cur: HashMap<u64, Arc<[u32]>>,
+    cur: Chunks,
     cur_tokens: usize,
-    old: HashMap<u64, Arc<[u32]>>,
+    old: Chunks,
 }
 
 impl Generations {
-    fn get(&mut self, h: u64, budget: usize) -> Option<Arc<[u32]>> {
+    /// The chunk under `h`, moved into the current generation if it was
+    /// in the old one; and a retired generation, if that move filled the
+    /// current one (see [`Generations::put`]).
+    fn get(&mut self, h: u64, budget: usize) -> (Option<Arc<[u32]>>, Option<Chunks>) {
         if let Some(t) = self.cur.get(&h) {
-            return Some(Arc::clone(t));
+            return (Some(Arc::clone(t)), None);
         }
-        let t = self.old.remove(&h)?;
-        self.put(h, Arc::clone(&t), budget);
-        Some(t)
+        let Some(t) = self.old.remove(&h) else {
+            return (None, None);
+        };
+        let retired = self.put(h, Arc::clone(&t), budget);
+        (Some(t), retired)
     }
 
-    fn put(&mut self, h: u64, t: Arc<[u32]>, budget: usize) {
+    /// Keeps `t` under `h`. When the current generation passes half the
+    /// budget it becomes the old one, and the old one is returned for the
+    /// caller to drop after letting go of the lock: thousands of chunks
+    /// freed while a request waits for the lock would be its latency.
+    #[must_use]
+    fn put(&mut self, h: u64, t: Arc<[u32]>, budget: usize) -> Option<Chunks> {
         self.cur_tokens += t.len();
         if let Some(prev) = self.cur.insert(h, t) {
             self.cur_tokens -= prev.len();
         }
         if self.cur_tokens > budget / 2 {
-            self.old = std::mem::take(&mut self.cur);
             self.cur_tokens = 0;
+            let cur = std::mem::take(&mut self.cur);
+            return Some(std::mem::replace(&mut self.old, cur));
         }
+        None
     }
 
     #[cfg(test)]
@@ -186,11 +201,14 @@ impl Generations {
 }
 
 /// Where encoding a text stopped: a cut's byte offset and the chained
-/// hash of the text before it.
+/// hash of the text before it; and a probe's text past it whose tokens
+/// the caller's tokens end with (bytes, tokens), dropped and encoded again
+/// with their chunk when encoding goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Resume {
     pub(crate) pos: usize,
     h: u64,
+    pub(crate) probe: (usize, usize),
 }
 
 /// The cache of one tokenizer.
@@ -230,6 +248,7 @@ impl PrefixCache {
         Resume {
             pos: 0,
             h: self.seed,
+            probe: (0, 0),
         }
     }
 
@@ -242,7 +261,7 @@ impl PrefixCache {
         encode: impl FnMut(&str) -> Result<Vec<u32>, E>,
     ) -> Result<Vec<u32>, E> {
         let mut out = Vec::with_capacity(text.len() / 2);
-        self.encode_until(text, self.start(), &mut out, encode, |_| true)?;
+        self.encode_until(text, self.start(), &mut out, encode, |_| true, false)?;
         Ok(out)
     }
 
@@ -252,6 +271,13 @@ impl PrefixCache {
     /// when it is not, returns where it stopped (a cut), from which a
     /// later call goes on. `None`: the whole text is in `out`.
     ///
+    /// With `probe`, the first new chunk is asked about after its first
+    /// quarter (up to a cut): one routing question rarely needs a whole
+    /// chunk's tokens, and a prompt no engine holds is then routed on a
+    /// few hundred bytes encoded. Stopping there leaves those tokens in
+    /// `out` and says so in the [`Resume`]; going on from it drops them
+    /// from `out` first and encodes the chunk whole.
+    ///
     /// [`encode`]: Self::encode
     pub(crate) fn encode_until<E>(
         &self,
@@ -260,14 +286,19 @@ impl PrefixCache {
         out: &mut Vec<u32>,
         mut encode: impl FnMut(&str) -> Result<Vec<u32>, E>,
         mut more: impl FnMut(&[u32]) -> bool,
+        probe: bool,
     ) -> Result<Option<Resume>, E> {
-        let Resume { mut pos, mut h } = at;
+        let Resume { mut pos, mut h, .. } = at;
+        out.truncate(out.len().saturating_sub(at.probe.1));
         let mut hit = 0;
+        let mut retired = Vec::new();
         {
             let mut map = self.map.lock();
             while let Some(end) = self.next_cut(text, pos) {
                 let next = xxhash_rust::xxh3::xxh3_64_with_seed(&text.as_bytes()[pos..end], h);
-                let Some(t) = map.get(next, self.budget) else {
+                let (found, gone) = map.get(next, self.budget);
+                retired.extend(gone);
+                let Some(t) = found else {
                     break;
                 };
                 out.extend_from_slice(&t);
@@ -276,12 +307,39 @@ impl PrefixCache {
                 pos = end;
             }
         }
+        drop(retired);
         self.hit_tokens.fetch_add(hit as u64, Relaxed);
+        let stop = |pos, h| Resume {
+            pos,
+            h,
+            probe: (0, 0),
+        };
+        if !more(out) {
+            return Ok(Some(stop(pos, h)));
+        }
         let mut batch = 1;
-        loop {
+        if let Some((end, cut)) = self.probe_cut(text, pos).filter(|_| probe) {
+            let mut t = encode(&text[pos..cut])?;
+            out.extend_from_slice(&t);
             if !more(out) {
-                return Ok(Some(Resume { pos, h }));
+                // Counted as encoded with their chunk, when it is.
+                let mut r = stop(pos, h);
+                r.probe = (cut - pos, t.len());
+                return Ok(Some(r));
             }
+            let tail = encode(&text[cut..end])?;
+            out.extend_from_slice(&tail);
+            t.extend(tail);
+            h = xxhash_rust::xxh3::xxh3_64_with_seed(&text.as_bytes()[pos..end], h);
+            self.encoded_tokens.fetch_add(t.len() as u64, Relaxed);
+            self.keep(vec![(h, Arc::from(t))]);
+            pos = end;
+            batch = 2;
+            if !more(out) {
+                return Ok(Some(stop(pos, h)));
+            }
+        }
+        loop {
             let mut fresh = Vec::new();
             let mut encoded = 0;
             let mut finished = false;
@@ -300,18 +358,38 @@ impl PrefixCache {
                 fresh.push((h, Arc::<[u32]>::from(t)));
                 pos = end;
             }
-            if !fresh.is_empty() {
-                let mut map = self.map.lock();
-                for (h, t) in fresh {
-                    map.put(h, t, self.budget);
-                }
-            }
+            self.keep(fresh);
             self.encoded_tokens.fetch_add(encoded as u64, Relaxed);
             if finished {
                 return Ok(None);
             }
             batch *= 2;
+            if !more(out) {
+                return Ok(Some(stop(pos, h)));
+            }
         }
+    }
+
+    /// Keeps new chunks; a generation they retire is freed after the lock.
+    fn keep(&self, fresh: Vec<(u64, Arc<[u32]>)>) {
+        if fresh.is_empty() {
+            return;
+        }
+        let mut retired = Vec::new();
+        let mut map = self.map.lock();
+        for (h, t) in fresh {
+            retired.extend(map.put(h, t, self.budget));
+        }
+        drop(map);
+        drop(retired);
+    }
+
+    /// The end of the chunk at `from` and a cut about a quarter of a
+    /// chunk into it (the first at least that far), if both exist.
+    fn probe_cut(&self, text: &str, from: usize) -> Option<(usize, usize)> {
+        let end = self.next_cut(text, from)?;
+        let cut = self.cut_from(text, from + self.chunk.div_ceil(4))?;
+        (cut < end).then_some((end, cut))
     }
 
     /// What adding special tokens puts before and after a text's tokens.
@@ -336,8 +414,12 @@ impl PrefixCache {
     /// The end of the chunk starting at `from`: the first cut at least
     /// `chunk` bytes on, strictly inside the text; `None` if there is none.
     fn next_cut(&self, text: &str, from: usize) -> Option<usize> {
+        self.cut_from(text, from + self.chunk)
+    }
+
+    /// The first cut at or after `i`, strictly inside the text.
+    fn cut_from(&self, text: &str, mut i: usize) -> Option<usize> {
         let b = text.as_bytes();
-        let mut i = from + self.chunk;
         match self.shape.cuts {
             Cuts::BeforeSpace => loop {
                 let j = i + b.get(i..)?.iter().position(|&c| c == b' ')?;
@@ -641,25 +723,80 @@ mod tests {
     fn gens_budget(budget: usize) -> Generations {
         let mut g = Generations::default();
         for h in 0..100u64 {
-            g.put(h, Arc::from(vec![0u32; 7]), budget);
+            let _ = g.put(h, Arc::from(vec![0u32; 7]), budget);
             assert!(g.tokens() <= budget + 7, "{} held", g.tokens());
         }
         g
     }
 
     #[test]
+    fn a_prompt_no_one_holds_stops_after_the_probe() {
+        let t = ModelTokenizer::builtin().with_prefix_cache(1 << 20);
+        let text: String = (0..5000).map(|i| (b'a' + (i % 26) as u8) as char).collect();
+        let body = json!({"prompt": text, "add_special_tokens": false});
+        let mut asked = Vec::new();
+        let mut p = t
+            .prompt_tokens_until(Endpoint::Completions, &body, |so_far| {
+                asked.push(so_far.len());
+                so_far.is_empty()
+            })
+            .unwrap();
+        // Asked with nothing, then after a quarter of the first 1 KiB
+        // chunk (the built-in tokenizer: a token a byte, cut anywhere).
+        let probe = CHUNK_BYTES / 4;
+        assert_eq!(asked, [0, probe]);
+        assert_eq!(p.tokens.len(), probe);
+        let rest = p.rest.take().unwrap();
+        assert_eq!(
+            (rest.bytes(), rest.max_tokens()),
+            (5000 - probe, 5000 - probe)
+        );
+        assert_eq!(rest.estimated_tokens(), 5000 - probe);
+        // Nothing kept yet; finishing drops the probe's tokens and
+        // encodes its chunk whole, once.
+        assert_eq!(t.prefix_cache_stats().unwrap().encoded_tokens, 0);
+        t.finish(&mut p.tokens, &rest).unwrap();
+        assert_eq!(p.tokens, t.encode_whole(&text, false).unwrap());
+        assert_eq!(t.prefix_cache_stats().unwrap().encoded_tokens, 5000);
+        // A "yes" after the probe finishes that chunk from the probe on:
+        // the next question comes at the chunk's end.
+        asked.clear();
+        let more = format!("{text}{text}");
+        let body = json!({"prompt": more, "add_special_tokens": false});
+        let p = t
+            .prompt_tokens_until(Endpoint::Completions, &body, |so_far| {
+                asked.push(so_far.len());
+                asked.len() < 3
+            })
+            .unwrap();
+        let cached = asked[0];
+        assert!(cached >= 3 * CHUNK_BYTES, "{asked:?}");
+        assert_eq!(&asked[1..], [cached + probe, cached + CHUNK_BYTES]);
+        assert_eq!(p.tokens.len(), cached + CHUNK_BYTES);
+    }
+
+    #[test]
     fn generations_stay_within_the_budget_and_keep_what_is_used() {
         let mut g = gens_budget(64);
         // The newest chunk is held; one put 40 chunks ago is gone.
-        assert!(g.get(99, 64).is_some());
-        assert!(g.get(60, 64).is_none());
+        assert!(g.get(99, 64).0.is_some());
+        assert!(g.get(60, 64).0.is_none());
         // A hit in the old generation moves to the new one.
         let mut g2 = Generations::default();
-        g2.put(1, Arc::from(vec![1u32; 10]), 40);
-        g2.put(2, Arc::from(vec![2u32; 11]), 40); // 21 > 20: cur becomes old
+        assert!(g2.put(1, Arc::from(vec![1u32; 10]), 40).is_none());
+        // 21 > 20: cur becomes old, and the (empty) old one is handed back.
+        let retired = g2.put(2, Arc::from(vec![2u32; 11]), 40);
+        assert!(retired.is_some_and(|r| r.is_empty()));
         assert!(g2.cur.is_empty());
-        assert_eq!(g2.get(1, 40).as_deref(), Some(&[1u32; 10][..]));
+        let (hit, retired) = g2.get(1, 40);
+        assert_eq!(hit.as_deref(), Some(&[1u32; 10][..]));
+        assert!(retired.is_none());
         assert!(g2.cur.contains_key(&1) && !g2.old.contains_key(&1));
+        // Passing half the budget again hands back the old generation,
+        // for the caller to drop outside the lock.
+        let retired = g2.put(3, Arc::from(vec![3u32; 11]), 40).expect("retired");
+        assert_eq!(retired.keys().copied().collect::<Vec<_>>(), [2]);
+        assert_eq!(g2.old.len(), 2);
     }
 
     fn cache(cuts: Cuts, added: &[&str], chunk: usize) -> PrefixCache {
