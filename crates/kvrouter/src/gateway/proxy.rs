@@ -322,7 +322,7 @@ async fn prepare(g: &Gateway, ep: Endpoint, bytes: &Bytes) -> Result<Prepared, G
     // the async workers.
     let mut p = tokio::task::spawn_blocking(move || {
         let mut p = t.prompt_tokens_until(ep, &v, |so_far| {
-            lazy && svc.holds_all(&m, so_far, s.as_deref())
+            !lazy || svc.holds_all(&m, so_far, s.as_deref())
         })?;
         if let Some(rest) = p.rest.take_if(|r| p.tokens.len() + r.max_tokens() > limit) {
             // It may be too long: count it exactly.

@@ -412,6 +412,34 @@ fn completions_and_chat_pass_through_unchanged_and_route_on_the_engines_tokens()
 }
 
 #[test]
+fn approximate_mode_records_every_block_of_a_long_prompt() {
+    // The built-in tokenizer has a prefix cache, so a prompt past its
+    // first chunk could be routed before it is all tokenized; with no
+    // events to say what engines hold, it must not be.
+    let e = Engine::start(Mode::Json);
+    let r = gateway(Path::new("builtin"), &[&e.url], |_| {});
+    let prompt: String = (0..5000).map(|i| (b'a' + (i % 23) as u8) as char).collect();
+    let body = json!({"model": "m", "prompt": prompt, "max_tokens": 2});
+    let (s, _) = completion(&r, &body);
+    assert_eq!(s, 200);
+    let ids = kvrouter::tokenize::ModelTokenizer::builtin()
+        .prompt_tokens(kvrouter::tokenize::Endpoint::Completions, &body)
+        .unwrap();
+    let (_, q) = r.post("/query", &json!({"token_ids": ids, "model_name": "m"}));
+    // Scores count tokens of full blocks.
+    let full = ids.len() / BS as usize * BS as usize;
+    assert_eq!(q["scores"]["1"]["0"], full, "{q}");
+    assert_eq!(
+        metric(
+            &r,
+            "kvrouter_gateway_tokenizer_deferred_bytes_total{model=\"m\"}"
+        )
+        .unwrap_or(0.0),
+        0.0
+    );
+}
+
+#[test]
 fn streams_are_relayed_as_they_come_and_accounted_from_route_to_end() {
     let (_d, tok) = model_dir();
     let e = Engine::start(Mode::Stream {
