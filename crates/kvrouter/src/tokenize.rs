@@ -54,12 +54,20 @@ pub struct Rest {
     body_tokens: usize,
     /// The special tokens that follow the text.
     after: Vec<u32>,
+    /// See [`Rest::fills_cache`].
+    fills: bool,
 }
 
 impl Rest {
     /// Bytes of text not encoded yet.
     pub fn bytes(&self) -> usize {
         self.text.len() - self.encoded_bytes()
+    }
+
+    /// Whether finishing would keep a chunk in the prefix cache (else
+    /// encoding the rest is of no use to later requests).
+    pub fn fills_cache(&self) -> bool {
+        self.fills
     }
 
     /// Bytes of text encoded so far (up to the cut, and a probe past it).
@@ -375,7 +383,7 @@ impl ModelTokenizer {
             Source::Ids(ids) => return Ok(whole(ids)),
             Source::Text(s, add) => (s, add),
         };
-        let Some(cache) = self.cache.as_ref().filter(|c| c.worth(text.len())) else {
+        let Some(cache) = (self.cache.as_ref()).filter(|c| c.worth_probing(text.len())) else {
             return Ok(whole(self.encode_whole(&text, add)?));
         };
         let (before, after) = if add {
@@ -399,6 +407,7 @@ impl ModelTokenizer {
             }
             Some(at) => {
                 let body_tokens = tokens.len() - before.len();
+                let fills = cache.keeps_from(&text, at);
                 Ok(PromptTokens {
                     tokens,
                     rest: Some(Rest {
@@ -406,6 +415,7 @@ impl ModelTokenizer {
                         at,
                         body_tokens,
                         after: after.to_vec(),
+                        fills,
                     }),
                 })
             }

@@ -379,9 +379,9 @@ struct Prepared {
 }
 
 /// Queues the encoding of a routed prompt's rest into the prefix cache
-/// (`fill.rs`).
+/// (`fill.rs`), if that would keep a chunk there.
 fn fill_later(g: &Gateway, rest: Option<(Arc<ModelTokenizer>, Rest)>) {
-    if let Some((tok, rest)) = rest {
+    if let Some((tok, rest)) = rest.filter(|(_, r)| r.fills_cache()) {
         if !g.fills.offer(tok, rest) {
             metrics::counter!("kvrouter_gateway_tokenizer_fills_dropped_total").increment(1);
         }

@@ -243,6 +243,18 @@ impl PrefixCache {
         len > self.chunk
     }
 
+    /// Whether a text this long can stop after a probe (see
+    /// [`encode_until`](Self::encode_until)): one past a quarter chunk.
+    pub(crate) fn worth_probing(&self, len: usize) -> bool {
+        len > self.chunk.div_ceil(4)
+    }
+
+    /// Whether going on from `at` would keep a chunk: a fill from there is
+    /// for the cache alone.
+    pub(crate) fn keeps_from(&self, text: &str, at: Resume) -> bool {
+        self.next_cut(text, at.pos).is_some()
+    }
+
     /// Where encoding a text starts.
     pub(crate) fn start(&self) -> Resume {
         Resume {
@@ -271,12 +283,13 @@ impl PrefixCache {
     /// when it is not, returns where it stopped (a cut), from which a
     /// later call goes on. `None`: the whole text is in `out`.
     ///
-    /// With `probe`, the first new chunk is asked about after its first
-    /// quarter (up to a cut): one routing question rarely needs a whole
-    /// chunk's tokens, and a prompt no engine holds is then routed on a
-    /// few hundred bytes encoded. Stopping there leaves those tokens in
-    /// `out` and says so in the [`Resume`]; going on from it drops them
-    /// from `out` first and encodes the chunk whole.
+    /// With `probe`, the first new chunk (or the text's last piece, not a
+    /// chunk) is asked about after its first quarter chunk (up to a cut):
+    /// one routing question rarely needs a whole chunk's tokens, and a
+    /// prompt no engine holds is then routed on a few hundred bytes
+    /// encoded. Stopping there leaves those tokens in `out` and says so in
+    /// the [`Resume`]; going on from it drops them from `out` first and
+    /// encodes the chunk whole.
     ///
     /// [`encode`]: Self::encode
     pub(crate) fn encode_until<E>(
@@ -329,6 +342,12 @@ impl PrefixCache {
             }
             let tail = encode(&text[cut..end])?;
             out.extend_from_slice(&tail);
+            if end == text.len() {
+                // The last piece: no chunk to keep.
+                let n = t.len() + tail.len();
+                self.encoded_tokens.fetch_add(n as u64, Relaxed);
+                return Ok(None);
+            }
             t.extend(tail);
             h = xxhash_rust::xxh3::xxh3_64_with_seed(&text.as_bytes()[pos..end], h);
             self.encoded_tokens.fetch_add(t.len() as u64, Relaxed);
@@ -384,10 +403,11 @@ impl PrefixCache {
         drop(retired);
     }
 
-    /// The end of the chunk at `from` and a cut about a quarter of a
-    /// chunk into it (the first at least that far), if both exist.
+    /// The end of the chunk at `from` (the text's end if there is no
+    /// chunk) and a cut about a quarter of a chunk on (the first at least
+    /// that far), if one is before that end.
     fn probe_cut(&self, text: &str, from: usize) -> Option<(usize, usize)> {
-        let end = self.next_cut(text, from)?;
+        let end = self.next_cut(text, from).unwrap_or(text.len());
         let cut = self.cut_from(text, from + self.chunk.div_ceil(4))?;
         (cut < end).then_some((end, cut))
     }

@@ -427,7 +427,7 @@ fn approximate_mode_records_every_block_of_a_long_prompt() {
         .unwrap();
     let (_, q) = r.post("/query", &json!({"token_ids": ids, "model_name": "m"}));
     // Scores count tokens of full blocks.
-    let full = ids.len() / BS as usize * BS as usize;
+    let full = ids.len() / BS * BS;
     assert_eq!(q["scores"]["1"]["0"], full, "{q}");
     assert_eq!(
         metric(
