@@ -330,9 +330,11 @@ impl PrefixCache {
         if !more(out) {
             return Ok(Some(stop(pos, h)));
         }
-        let mut batch = 1;
-        if let Some((end, cut)) = self.probe_cut(text, pos).filter(|_| probe) {
-            let mut t = encode(&text[pos..cut])?;
+        // A probe's cut and tokens (already in `out`): the head of the
+        // first new chunk, which the loop below finishes.
+        let mut head = None;
+        if let Some((_, cut)) = self.probe_cut(text, pos).filter(|_| probe) {
+            let t = encode(&text[pos..cut])?;
             out.extend_from_slice(&t);
             if !more(out) {
                 // Counted as encoded with their chunk, when it is.
@@ -340,40 +342,31 @@ impl PrefixCache {
                 r.probe = (cut - pos, t.len());
                 return Ok(Some(r));
             }
-            let tail = encode(&text[cut..end])?;
-            out.extend_from_slice(&tail);
-            if end == text.len() {
-                // The last piece: no chunk to keep.
-                let n = t.len() + tail.len();
-                self.encoded_tokens.fetch_add(n as u64, Relaxed);
-                return Ok(None);
-            }
-            t.extend(tail);
-            h = xxhash_rust::xxh3::xxh3_64_with_seed(&text.as_bytes()[pos..end], h);
-            self.encoded_tokens.fetch_add(t.len() as u64, Relaxed);
-            self.keep(vec![(h, Arc::from(t))]);
-            pos = end;
-            batch = 2;
-            if !more(out) {
-                return Ok(Some(stop(pos, h)));
-            }
+            head = Some((cut, t));
         }
+        let mut batch = 1;
         loop {
             let mut fresh = Vec::new();
             let mut encoded = 0;
             let mut finished = false;
             while fresh.len() < batch {
-                let Some(end) = self.next_cut(text, pos) else {
-                    let t = encode(&text[pos..])?;
-                    encoded += t.len();
-                    out.extend(t);
+                let (from, mut t) = head.take().unwrap_or((pos, Vec::new()));
+                let next = self.next_cut(text, pos);
+                let tail = encode(&text[from..next.unwrap_or(text.len())])?;
+                out.extend_from_slice(&tail);
+                let t = if t.is_empty() {
+                    tail
+                } else {
+                    t.extend(tail);
+                    t
+                };
+                encoded += t.len();
+                let Some(end) = next else {
+                    // The last piece: no chunk to keep.
                     finished = true;
                     break;
                 };
                 h = xxhash_rust::xxh3::xxh3_64_with_seed(&text.as_bytes()[pos..end], h);
-                let t = encode(&text[pos..end])?;
-                encoded += t.len();
-                out.extend_from_slice(&t);
                 fresh.push((h, Arc::<[u32]>::from(t)));
                 pos = end;
             }
