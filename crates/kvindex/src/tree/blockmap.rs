@@ -154,6 +154,12 @@ impl BlockMap {
         self.narrow = fresh;
     }
 
+    /// Whether one more new entry fits without the table growing (a
+    /// growth moves every entry).
+    pub(crate) fn has_room(&self) -> bool {
+        self.narrow.capacity() > self.narrow.len()
+    }
+
     /// Gives memory back once at most a quarter of the table is used.
     pub(crate) fn shrink_if_sparse(&mut self) {
         if self.narrow.capacity() > 64 && self.narrow.len() * 4 < self.narrow.capacity() {

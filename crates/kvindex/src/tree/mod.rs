@@ -111,8 +111,11 @@ impl WorkerState {
     }
 
     /// Records `ext` at (`slot`, `depth`); false if `ext` is already known.
+    /// The caller holds a node lock, so the room was reserved beforehand
+    /// (the Stored event reserves for all its blocks before locking).
     #[inline(always)]
     fn insert_block(&mut self, ext: ExternalHash, slot: u32, depth: u32) -> bool {
+        debug_assert!(self.blocks.has_room(), "block map filled past its reserve");
         if self.blocks.insert_new(ext, Loc { slot, depth }) {
             self.slots[slot as usize].refs += 1;
             true

@@ -150,6 +150,12 @@ impl ConcurrentIndex {
         parent: Option<ExternalHash>,
         blocks: &[StoredBlock],
     ) -> Result<(), ApplyError> {
+        // Room in the worker's map for every block of the event, made
+        // before any node is locked: a map rebuild moves every entry (tens
+        // to hundreds of microseconds for a full cache), and below this
+        // point the map is filled while readers may be waiting on the node
+        // being filled.
+        ws.blocks.reserve(blocks.len());
         let mut cur = self.cursor_at_parent(ws, ev, parent)?;
         let mut st = Storing {
             blocks,
@@ -394,7 +400,6 @@ impl ConcurrentIndex {
         let room = MAX_RUN - run.len();
         let want = (blocks.len() - i).min(room);
         run.reserve(want);
-        ws.blocks.reserve(want);
         let slot = ws.slot_for(node);
         while let Some(bb) = blocks.get(i + n) {
             if n == room
