@@ -51,4 +51,4 @@ pub use config::{RouterArgs, WorkerArg};
 #[cfg(feature = "service")]
 pub use serve::{serve, shutdown_signal};
 #[cfg(feature = "service")]
-pub use service::{Service, ServiceError};
+pub use service::{PromptHashes, Service, ServiceError};

@@ -528,15 +528,46 @@ impl Service {
     /// `token_ids` (true when there is none, or the model is unknown):
     /// while it does, more of the prompt's tokens may raise an overlap.
     pub fn holds_all(&self, model: &str, token_ids: &[u32], cache_salt: Option<&str>) -> bool {
+        self.holds_all_growing(model, token_ids, cache_salt, &mut PromptHashes::default())
+    }
+
+    /// [`Service::holds_all`] for a prompt asked about as it grows:
+    /// `known` keeps the hashes of the blocks asked about before, so each
+    /// question hashes only the blocks added since (a long history asked
+    /// about chunk by chunk is hashed once, not once per question).
+    /// `token_ids` must extend the tokens of the earlier questions with the
+    /// same `known`; a last known block that no longer matches starts over.
+    pub fn holds_all_growing(
+        &self,
+        model: &str,
+        token_ids: &[u32],
+        cache_salt: Option<&str>,
+        known: &mut PromptHashes,
+    ) -> bool {
         let Ok(m) = self.model(model) else {
             return true;
         };
-        let full = token_ids.len() / m.block_size as usize;
+        let bs = m.block_size as usize;
+        let full = token_ids.len() / bs;
         if full == 0 {
             return true;
         }
-        let h = token_hashes(&m, token_ids, None, cache_salt);
-        let best = m.index.find_matches(&h).best().map_or(0, |(_, s)| s);
+        let h = &mut known.0;
+        h.truncate(full);
+        if let Some(&last) = h.last() {
+            let at = (h.len() - 1) * bs;
+            if token_hashes(&m, &token_ids[at..at + bs], None, cache_salt)[0] != last {
+                h.clear();
+            }
+        }
+        let from = h.len() * bs;
+        h.extend(token_hashes(
+            &m,
+            &token_ids[from..full * bs],
+            None,
+            cache_salt,
+        ));
+        let best = m.index.find_matches(h).best().map_or(0, |(_, s)| s);
         best as usize >= full
     }
 
@@ -788,6 +819,11 @@ fn reason(
 }
 
 /// The salted local hashes of `token_ids`' full blocks for `model`.
+/// The hashes of a growing prompt's full blocks, kept between questions
+/// about it ([`Service::holds_all_growing`]).
+#[derive(Debug, Default)]
+pub struct PromptHashes(Vec<LocalHash>);
+
 fn token_hashes(
     model: &Model,
     token_ids: &[u32],
@@ -915,6 +951,35 @@ mod tests {
         assert!(!s.holds_all("m", &longer, None));
         assert!(!s.holds_all("m", &t, Some("salted")));
         assert!(s.holds_all("nope", &t, None));
+    }
+
+    #[test]
+    fn growing_questions_hash_each_block_once_and_answer_as_fresh_ones() {
+        let s = approx(2, PolicyKind::KvBalanced);
+        // 16 tokens (4 blocks of 4) routed, so held; then 12 more no one
+        // holds.
+        s.route("m", &tokens(0), None, RouteOptions::default())
+            .unwrap();
+        let mut t: Vec<u32> = (0..16).collect();
+        t.extend(500..512);
+        let mut known = PromptHashes::default();
+        for n in 0..=t.len() {
+            let fresh = s.holds_all("m", &t[..n], None);
+            assert_eq!(
+                s.holds_all_growing("m", &t[..n], None, &mut known),
+                fresh,
+                "{n} tokens"
+            );
+            assert_eq!(fresh, n < 20, "{n} tokens");
+            if n >= 4 {
+                assert_eq!(known.0.len(), n / 4, "{n} tokens");
+            }
+        }
+        // Another prompt whose last block differs: hashed afresh.
+        let other: Vec<u32> = (0..16).map(|x| x + 1000).collect();
+        assert!(!s.holds_all_growing("m", &other, None, &mut known));
+        assert!(s.holds_all_growing("m", &t[..16], None, &mut PromptHashes::default()));
+        assert!(s.holds_all_growing("m", &t[..16], None, &mut known));
     }
 
     #[test]

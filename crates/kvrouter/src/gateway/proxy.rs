@@ -28,7 +28,7 @@ use super::error::GatewayError;
 use super::limit::Slot;
 use super::upstream::{Pass, Upstream};
 use super::Gateway;
-use crate::service::{Prompt, RouteOptions, Service, ServiceError};
+use crate::service::{Prompt, PromptHashes, RouteOptions, Service, ServiceError};
 use crate::tokenize::{Endpoint, ModelTokenizer, Rest};
 
 /// How a gateway request ended (`kvrouter_gateway_requests_total{outcome}`).
@@ -321,8 +321,9 @@ async fn prepare(g: &Gateway, ep: Endpoint, bytes: &Bytes) -> Result<Prepared, G
     // Tokenizing a long prompt or rendering a template is CPU work: off
     // the async workers.
     let mut p = tokio::task::spawn_blocking(move || {
+        let mut known = PromptHashes::default();
         let mut p = t.prompt_tokens_until(ep, &v, |so_far| {
-            !lazy || svc.holds_all(&m, so_far, s.as_deref())
+            !lazy || svc.holds_all_growing(&m, so_far, s.as_deref(), &mut known)
         })?;
         if let Some(rest) = p.rest.take_if(|r| p.tokens.len() + r.max_tokens() > limit) {
             // It may be too long: count it exactly.
