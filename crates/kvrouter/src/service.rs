@@ -818,12 +818,12 @@ fn reason(
     }
 }
 
-/// The salted local hashes of `token_ids`' full blocks for `model`.
 /// The hashes of a growing prompt's full blocks, kept between questions
 /// about it ([`Service::holds_all_growing`]).
 #[derive(Debug, Default)]
 pub struct PromptHashes(Vec<LocalHash>);
 
+/// The salted local hashes of `token_ids`' full blocks for `model`.
 fn token_hashes(
     model: &Model,
     token_ids: &[u32],

@@ -151,10 +151,9 @@ impl ConcurrentIndex {
         blocks: &[StoredBlock],
     ) -> Result<(), ApplyError> {
         // Room in the worker's map for every block of the event, made
-        // before any node is locked: a map rebuild moves every entry (tens
-        // to hundreds of microseconds for a full cache), and below this
-        // point the map is filled while readers may be waiting on the node
-        // being filled.
+        // before any node is locked: a map rebuild moves every entry, and
+        // below this point the map is filled while readers may be waiting
+        // on the node being filled.
         ws.blocks.reserve(blocks.len());
         let mut cur = self.cursor_at_parent(ws, ev, parent)?;
         let mut st = Storing {
