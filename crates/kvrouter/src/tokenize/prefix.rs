@@ -333,7 +333,7 @@ impl PrefixCache {
         // A probe's cut and tokens (already in `out`): the head of the
         // first new chunk, which the loop below finishes.
         let mut head = None;
-        if let Some((_, cut)) = self.probe_cut(text, pos).filter(|_| probe) {
+        if let Some(cut) = self.probe_cut(text, pos).filter(|_| probe) {
             let t = encode(&text[pos..cut])?;
             out.extend_from_slice(&t);
             if !more(out) {
@@ -396,13 +396,13 @@ impl PrefixCache {
         drop(retired);
     }
 
-    /// The end of the chunk at `from` (the text's end if there is no
-    /// chunk) and a cut about a quarter of a chunk on (the first at least
-    /// that far), if one is before that end.
-    fn probe_cut(&self, text: &str, from: usize) -> Option<(usize, usize)> {
+    /// A cut about a quarter of a chunk on from `from` (the first at least
+    /// that far), if one is before the end of the chunk at `from` (the
+    /// text's end if there is no chunk).
+    fn probe_cut(&self, text: &str, from: usize) -> Option<usize> {
         let end = self.next_cut(text, from).unwrap_or(text.len());
         let cut = self.cut_from(text, from + self.chunk.div_ceil(4))?;
-        (cut < end).then_some((end, cut))
+        (cut < end).then_some(cut)
     }
 
     /// What adding special tokens puts before and after a text's tokens.
